@@ -1,0 +1,289 @@
+"""The `provision` command line (typer). Thin: parses arguments, calls the library, maps errors to exit codes.
+
+Exit codes: 0 success, 1 the spec or the fabric has problems (findings), 2 could not run (usage, I/O, unreachable).
+`provision cluster.yaml` is the whole bring-up: the same as `provision up cluster.yaml`.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from provisioner import __version__
+from provisioner.errors import ProvisionerError, SpecInvalid
+from provisioner.spec import Diagnostic, load_cluster, load_spec
+
+EPILOG = """\b
+Examples:
+  provision cluster.yaml                  bring the whole cluster up and verify it
+  provision validate cluster.yaml         check the spec, print every problem with file:line:col
+  provision render cluster.yaml --diff    write the Ansible inventory, show what changed
+  provision lab up examples/lab/cluster.yaml   start the simulated lab cluster
+"""
+
+app = typer.Typer(
+    name="provision", help="Racked GPU servers to a verified InfiniBand fabric from one file.",
+    epilog=EPILOG, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+out = Console(highlight=False, soft_wrap=True)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+SpecArg = Annotated[Path, typer.Argument(help="The cluster spec (cluster.yaml).", show_default=False)]
+OverlayOpt = Annotated[Path | None, typer.Option("--overlay", help="A YAML overlay merged onto the spec "
+                                                 "(e.g. the lab's .lab/<cluster>/overlay.yaml).")]
+
+
+def _version(value: bool) -> None:
+    if value:
+        out.print(f"provision {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="Print the version and exit.")] = False,
+) -> None:
+    """Racked GPU servers to a verified InfiniBand fabric from one file."""
+
+
+def _print_diagnostics(diags: list[Diagnostic]) -> None:
+    for d in diags:
+        (out if d.severity == "error" else err).print(d.format(), markup=False)
+
+
+@app.command()
+def validate(
+    spec: SpecArg,
+    strict: Annotated[bool, typer.Option("--strict", help="Warnings fail too (exit 1).")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the diagnostics as JSON.")] = False,
+    overlay: OverlayOpt = None,
+) -> None:
+    """Check the spec: schema, references, hostlists and the design rules. Exit 1 on errors."""
+    res = load_spec(spec, overlay)
+    failed = bool(res.errors) or (strict and bool(res.warnings))
+    if as_json:
+        out.print_json(json.dumps({"ok": not failed, "diagnostics": [d.to_json() for d in res.diagnostics]}))
+    else:
+        _print_diagnostics(res.diagnostics)
+        n_nodes = len(res.cluster.nodes) if res.cluster else 0
+        summary = f"{spec}: {len(res.errors)} error(s), {len(res.warnings)} warning(s)"
+        if res.cluster is not None and not res.errors:
+            summary += f"; {n_nodes} nodes, {len(res.cluster.switches)} switches"
+        err.print(summary, markup=False)
+    raise typer.Exit(1 if failed else 0)
+
+
+@app.command()
+def render(
+    spec: SpecArg,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+    diff: Annotated[bool, typer.Option("--diff", help="Show the diff against the previous render.")] = False,
+    overlay: OverlayOpt = None,
+) -> None:
+    """Write the Ansible inventory rendered from the spec (deterministic; re-render is byte-identical)."""
+    from provisioner.render import render_inventory
+
+    cluster, warnings = load_cluster(spec, overlay)
+    _print_diagnostics(warnings)
+    res = render_inventory(cluster, out_dir)
+    if diff and res.diff:
+        out.print(res.diff, markup=False, end="")
+    changed = len(res.written) + len(res.removed)
+    err.print(f"inventory: {res.out_dir} ({changed} file(s) changed)" if changed else
+              f"inventory: {res.out_dir} (unchanged)", markup=False)
+
+
+@app.command()
+def rules() -> None:
+    """List the design rules `validate` applies, with their severity and why."""
+    from provisioner.spec.rules import RULES
+
+    for r in RULES:
+        out.print(f"{r.id} [{r.severity}]: {r.why}", markup=False)
+
+
+@app.command("parse")
+def parse_cmd(
+    tool: Annotated[str, typer.Argument(help="ibstat, ibstatus, perftest, ibdev2netdev, nvidia-smi-topo, nccl-tests, "
+                                        "iblinkinfo, ofed_info, lsmod, opensm-conf, sminfo.", show_default=False)],
+    file: Annotated[str, typer.Argument(help="The captured output, or - for standard input.")] = "-",
+) -> None:
+    """Parse a captured tool output and print it as one JSON object (exit 2 if it is not that tool's output)."""
+    from provisioner.errors import UsageError
+    from provisioner.parsers import PARSERS, parse
+
+    if tool not in PARSERS:
+        raise UsageError(f"unknown tool '{tool}'", hint="one of " + ", ".join(sorted(PARSERS)))
+    if file == "-":
+        text = sys.stdin.read()
+    else:
+        try:
+            text = Path(file).read_text(encoding="utf-8", errors="replace")
+        except OSError as exc:
+            raise UsageError(f"{file}: {exc.strerror or exc}") from None
+    out.print_json(json.dumps(parse(tool, text), sort_keys=True))
+
+
+@app.command("up")
+def up(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+) -> None:
+    """The whole bring-up (what `provision cluster.yaml` runs): validate, render, converge, verify, report."""
+    from provisioner.render import render_inventory
+
+    cluster, warnings = load_cluster(spec, overlay)
+    _print_diagnostics(warnings)
+    err.print(f"validate: ok ({len(cluster.nodes)} nodes, {len(warnings)} warning(s))", markup=False)
+    res = render_inventory(cluster, out_dir)
+    err.print(f"render: {res.out_dir}", markup=False)
+    missing = ["preflight", "repos", "driver/CUDA/NCCL", "OFED/GPUDirect", "subnet manager/switches", "storage",
+               "verify", "report"]
+    err.print("not built yet: " + ", ".join(missing) + " (the run stops after render)", markup=False)
+    raise typer.Exit(2)
+
+
+lab_app = typer.Typer(help="The lab: a simulated GPU/InfiniBand cluster of real containers (needs root).",
+                      no_args_is_help=True)
+app.add_typer(lab_app, name="lab")
+
+
+def _log(msg: str) -> None:
+    err.print(f"[lab] {msg}", markup=False)
+
+
+@lab_app.command("up")
+def lab_up_cmd(
+    spec: SpecArg,
+    max_nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Bring up only the first N nodes "
+                                                  "(for small machines).")] = None,
+) -> None:
+    """Start one systemd container per node of the spec, with simulated GPUs/HCAs, SSH and known_hosts."""
+    from provisioner.lab.cluster import lab_up
+    from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches
+
+    cluster, warnings = load_cluster(spec)
+    _print_diagnostics(warnings)
+    info = lab_up(cluster.name, lab_nodes(cluster), lab_switches(cluster), lab_cables(cluster),
+                  max_nodes=max_nodes, progress=_log)
+    out.print(f"lab {info.cluster}: {len(info.addresses)} node(s) up; overlay {info.overlay}", markup=False)
+    out.print(f"next: provision {spec} --overlay {info.overlay}", markup=False)
+
+
+@lab_app.command("down")
+def lab_down_cmd(cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")]) -> None:
+    """Remove the lab's containers and state (no containers, mounts or state left behind)."""
+    from provisioner.lab.cluster import lab_down
+
+    removed = lab_down(_cluster_name(cluster), progress=_log)
+    out.print(f"removed {len(removed)} container(s)", markup=False)
+
+
+@lab_app.command("status")
+def lab_status_cmd(
+    cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")],
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """Per node: container state, address and injected faults."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from provisioner.lab.cluster import lab_status
+
+    rows = lab_status(_cluster_name(cluster))
+    if as_json:
+        out.print_json(json.dumps([asdict(r) for r in rows]))
+        return
+    table = Table("node", "container", "state", "address", "faults")
+    for r in rows:
+        table.add_row(r.host, r.container, r.state, r.ip or "-", ", ".join(f["kind"] for f in r.faults) or "-")
+    out.print(table)
+
+
+@lab_app.command("fault")
+def lab_fault_cmd(
+    cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")],
+    node: Annotated[str, typer.Argument(help="Node host name.")],
+    kind: Annotated[str, typer.Argument(help="port_down, port_disabled, degraded_width, degraded_rate, slow_link, "
+                                        "flapping, cables_swapped, peermem_missing, gpu_missing, unreachable, "
+                                        "sm_killed, hardware_swap.")],
+    params: Annotated[list[str] | None, typer.Argument(help="key=value parameters, e.g. device=mlx5_1 factor=0.5")]
+    = None,
+    clear: Annotated[bool, typer.Option("--clear", help="Clear this fault (or all faults of the node).")] = False,
+) -> None:
+    """Inject a fault into the running lab (takes effect at once), or clear it with --clear."""
+    from provisioner.errors import UsageError
+    from provisioner.lab import faults
+    from provisioner.lab.cluster import cluster_dir
+
+    kv: dict[str, Any] = {}
+    for item in params or []:
+        if "=" not in item:
+            raise UsageError(f"parameter '{item}' is not key=value")
+        k, v = item.split("=", 1)
+        kv[k] = int(v) if v.isdigit() else (float(v) if v.replace(".", "", 1).isdigit() else v)
+    root = str(cluster_dir(_cluster_name(cluster)))
+    if clear:
+        faults.clear(root, node, None if kind == "all" else kind, **kv)
+        out.print(f"{node}: cleared {kind}", markup=False)
+    else:
+        faults.inject(root, node, kind, **kv)
+        out.print(f"{node}: injected {kind}", markup=False)
+
+
+def _cluster_name(arg: str) -> str:
+    """A cluster name given directly or through its spec file."""
+    p = Path(arg)
+    if arg.endswith((".yaml", ".yml")) and p.is_file():
+        return load_cluster(p)[0].name
+    return arg
+
+
+COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
+            "export"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point: `provision FILE ...` means `provision up FILE ...`; errors become one line and an exit code."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args and not args[0].startswith("-") and args[0] not in COMMANDS:
+        args.insert(0, "up")
+    try:
+        app(args=args, prog_name="provision", standalone_mode=False)
+    except SpecInvalid as exc:
+        _print_diagnostics([d for d in exc.diagnostics if isinstance(d, Diagnostic)])
+        errors = sum(1 for d in exc.diagnostics if isinstance(d, Diagnostic) and d.severity == "error")
+        err.print(f"the spec has {errors} error(s); fix them and run again", markup=False)
+        return exc.exit_code
+    except ProvisionerError as exc:
+        err.print(f"provision: error: {exc}", markup=False)
+        return exc.exit_code
+    except typer.Exit as exc:
+        return int(exc.exit_code)
+    except typer.Abort:
+        err.print("provision: aborted", markup=False)
+        return 130
+    except Exception as exc:  # click usage errors and anything unexpected: one line, never a traceback
+        format_message = getattr(exc, "format_message", None)
+        if callable(format_message):  # click's usage errors (typer may carry its own click)
+            err.print(f"provision: {format_message()} (see provision --help)", markup=False)
+            return 2
+        err.print(f"provision: internal error: {type(exc).__name__}: {exc} "
+                  "(please report it with the command you ran)", markup=False)
+        return 3
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

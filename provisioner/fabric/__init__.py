@@ -1,0 +1,1 @@
+"""Fabric logic: expected state from the spec, checks and findings, pairwise scheduling."""

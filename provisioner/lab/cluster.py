@@ -1,0 +1,359 @@
+"""Bring a lab cluster up and down: one systemd container per node, reached over real SSH.
+
+``lab_up`` prepares the host (packages, containers.conf, image, network), writes the
+simulated hardware under ``.lab/<cluster>/``, starts the node containers in parallel,
+gives each the lab's SSH key and its ``/dev/infiniband/umadN`` placeholders, and records
+every node's SSH host key in a known_hosts file read over the trusted local channel
+(``podman exec``), never by trusting the network on first use.  It writes
+``overlay.yaml``, which the spec loader applies so that the product reaches the nodes.
+Everything is idempotent: a second call with the same nodes changes nothing.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.errors import LabError
+from provisioner.lab import hardware, image, network
+from provisioner.lab.hardware import LabCable, LabNodeSpec, LabSwitch
+from provisioner.lab.host import (
+    Progress,
+    _quiet,
+    ensure_containers_conf,
+    ensure_host_packages,
+    lab_dir,
+    podman,
+    require_root,
+)
+from provisioner.lab.names import (
+    CLUSTER_LABEL,
+    FIRST_HOST_OCTET,
+    HOST_LABEL,
+    NETWORK,
+    SUBNET,
+    check_name,
+    container_name,
+)
+from provisioner.lab.simtools import labstate
+
+SSHD_WAIT_S = 90
+START_WORKERS = 4
+"""Parallel ``podman run``s: more only queue on 2 cores and make podman's locks contend."""
+
+_BOOT_SCRIPT = """\
+set -e
+umask 077
+mkdir -p /root/.ssh
+cat > /root/.ssh/.authorized_keys.tmp
+mv /root/.ssh/.authorized_keys.tmp /root/.ssh/authorized_keys
+umask 022
+mkdir -p /dev/infiniband
+i=0
+while [ "$i" -lt "$1" ]; do [ -e /dev/infiniband/umad$i ] || : > /dev/infiniband/umad$i; i=$((i + 1)); done
+n=0
+until [ -s /etc/ssh/ssh_host_ed25519_key.pub ] && systemctl is-active --quiet ssh; do
+  n=$((n + 1)); [ "$n" -lt "$2" ] || { echo "sshd did not start" >&2; exit 1; }
+  sleep 0.25
+done
+cat /etc/ssh/ssh_host_ed25519_key.pub
+"""
+"""Run once per node through ``podman exec -i``: key, placeholders, wait for sshd, print its host key."""
+
+
+@dataclass(frozen=True)
+class NodeStatus:
+    """What ``provision lab status`` shows for one node."""
+
+    host: str
+    container: str
+    state: str
+    ip: str | None
+    faults: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class LabInfo:
+    """The result of ``lab_up``."""
+
+    cluster: str
+    state_dir: Path
+    overlay: Path
+    addresses: dict[str, str]
+    created: list[str]
+
+
+# ---------------------------------------------------------------- pure helpers
+
+
+def cluster_dir(cluster: str) -> Path:
+    """``.lab/<cluster>/``: the state bind-mounted at ``/run/lab`` in every node."""
+    return lab_dir() / check_name(cluster, "cluster name")
+
+
+def allocate_addresses(hosts: Sequence[str], existing: dict[str, str], used: set[str],
+                       subnet: str = SUBNET) -> dict[str, str]:
+    """Fixed IPs for ``hosts``: keep what a host had, give new hosts the lowest free ones."""
+    net = ipaddress.ip_network(subnet)
+    taken = set(used) | {ip for h, ip in existing.items() if h in hosts}
+    free = (str(a) for a in net.hosts() if int(a) - int(net.network_address) >= FIRST_HOST_OCTET
+            and str(a) not in taken)
+    result: dict[str, str] = {}
+    for host in hosts:
+        if host in existing:
+            result[host] = existing[host]
+            continue
+        try:
+            result[host] = next(free)
+        except StopIteration:
+            raise LabError(f"the lab subnet {subnet} has no free address left for {host}") from None
+    return result
+
+
+def known_hosts_text(entries: dict[str, tuple[str, str]]) -> str:
+    """known_hosts lines ``host,ip keytype key`` for ``{host: (ip, public key line)}``."""
+    lines = []
+    for host in sorted(entries):
+        ip, pub = entries[host]
+        keytype, key = pub.split()[:2]
+        lines.append(f"{host},{ip} {keytype} {key}")
+    return "\n".join(lines) + "\n" if lines else ""
+
+
+def parse_known_hosts(text: str) -> dict[str, tuple[str, str]]:
+    """Inverse of :func:`known_hosts_text`."""
+    entries: dict[str, tuple[str, str]] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 3 and "," in parts[0]:
+            host, ip = parts[0].split(",", 1)
+            entries[host] = (ip, f"{parts[1]} {parts[2]}")
+    return entries
+
+
+def overlay_data(key: Path, known_hosts: Path, addresses: dict[str, str]) -> dict[str, Any]:
+    """What the spec loader overlays on the cluster spec to reach the lab nodes."""
+    return {
+        "ssh": {"user": "root", "key": str(key), "known_hosts": str(known_hosts)},
+        "addresses": dict(sorted(addresses.items())),
+    }
+
+
+def run_args(cluster: str, host: str, ip: str, state_dir: Path, image_name: str = image.IMAGE) -> list[str]:
+    """``podman run`` arguments for one node container."""
+    sys_class = state_dir / "nodes" / host / labstate.SYSFS_PREFIX
+    return [
+        "run", "--detach",
+        "--name", container_name(cluster, host),
+        "--hostname", host,
+        "--label", f"{CLUSTER_LABEL}={cluster}",
+        "--label", f"{HOST_LABEL}={host}",
+        "--network", NETWORK, "--ip", ip,
+        "--systemd=always",
+        "--volume", f"{state_dir}:{labstate.LAB_ROOT}:rw",
+        "--volume", f"{sys_class}:/sys/class:ro",
+        image_name, "/sbin/init",
+    ]
+
+
+# ---------------------------------------------------------------- side effects
+
+
+def ensure_ssh_key(ssh_dir: Path) -> str:
+    """The lab's client key pair (ed25519, made here, never leaves the lab dir); return the public line."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    private, public = ssh_dir / "id_ed25519", ssh_dir / "id_ed25519.pub"
+    if private.is_file() and public.is_file():
+        return public.read_text(encoding="utf-8").strip()
+    ssh_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    key = Ed25519PrivateKey.generate()
+    pem = key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()
+    )
+    line = key.public_key().public_bytes(serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH)
+    fd = os.open(private, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as handle:
+        handle.write(pem)
+    public.write_text(line.decode() + " provisioner-lab\n", encoding="utf-8")
+    return public.read_text(encoding="utf-8").strip()
+
+
+def _containers(cluster: str | None = None) -> dict[str, dict[str, Any]]:
+    """Lab containers (of one cluster, or all) by name, as ``podman ps -a`` reports them."""
+    label = f"{CLUSTER_LABEL}={cluster}" if cluster else CLUSTER_LABEL
+    out = podman("ps", "-a", "--filter", f"label={label}", "--format", "json").stdout
+    rows: list[dict[str, Any]] = json.loads(out or "[]") or []
+    return {str(row["Names"][0]): row for row in rows}
+
+
+def _used_addresses(exclude: str) -> set[str]:
+    """Addresses other lab clusters in this lab dir hold."""
+    used: set[str] = set()
+    base = lab_dir()
+    if base.is_dir():
+        for overlay in base.glob("*/overlay.yaml"):
+            if overlay.parent.name != exclude:
+                data = yaml.safe_load(overlay.read_text(encoding="utf-8")) or {}
+                used.update(str(ip) for ip in (data.get("addresses") or {}).values())
+    return used
+
+
+def _load_overlay_addresses(path: Path) -> dict[str, str]:
+    if not path.is_file():
+        return {}
+    data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    return {str(h): str(ip) for h, ip in (data.get("addresses") or {}).items()}
+
+
+def _start(cluster: str, host: str, ip: str, state_dir: Path, existing: dict[str, Any] | None) -> bool:
+    """Create or start one node's container; True when created."""
+    if existing is None:
+        podman(*run_args(cluster, host, ip, state_dir), timeout=180)
+        return True
+    if existing.get("State") in ("exited", "created", "stopped"):
+        podman("start", container_name(cluster, host), timeout=120)
+    return False
+
+
+def _prepare_node(cluster: str, host: str, authorized_key: str, umads: int) -> str:
+    """Install the key and placeholders, wait for sshd, and return the node's host public key."""
+    result = podman(
+        "exec", "-i", container_name(cluster, host), "sh", "-c", _BOOT_SCRIPT, "boot",
+        str(umads), str(SSHD_WAIT_S * 4),
+        input_text=authorized_key + "\n", timeout=SSHD_WAIT_S + 30,
+    )
+    pub = result.stdout.strip().splitlines()[-1:]
+    if not pub or not pub[0].startswith("ssh-ed25519 "):
+        raise LabError(f"{host}: could not read the SSH host key (got {result.stdout.strip()[:80]!r})")
+    return pub[0]
+
+
+def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
+    tmp = path.with_name("." + path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.chmod(mode)
+    tmp.replace(path)
+
+
+def lab_up(
+    cluster_name: str,
+    nodes: Sequence[LabNodeSpec],
+    switches: Sequence[LabSwitch] = (),
+    cables: Sequence[LabCable] = (),
+    max_nodes: int | None = None,
+    progress: Progress = _quiet,
+) -> LabInfo:
+    """Bring the lab cluster up (or make sure it is up); see the module docstring."""
+    cluster = check_name(cluster_name, "cluster name")
+    for spec in nodes:
+        check_name(spec.hostname, "hostname")
+    specs = list(nodes)
+    if max_nodes is not None and len(specs) > max_nodes:
+        progress(f"the lab brings up {max_nodes} of {len(specs)} nodes (max_nodes)")
+        specs = specs[:max_nodes]
+    problems = hardware.validate_cabling(specs, switches, [c for c in cables if c.node in
+                                                           {s.hostname for s in specs}])
+    if problems:
+        raise LabError("lab cabling is inconsistent: " + "; ".join(problems))
+    require_root()
+    ensure_host_packages(progress)
+    ensure_containers_conf()
+    image.ensure_image(progress)
+    network.ensure_network()
+
+    state_dir = cluster_dir(cluster)
+    state_dir.mkdir(parents=True, exist_ok=True)
+    (state_dir / "sm").mkdir(exist_ok=True)
+    hosts = [s.hostname for s in specs]
+    kept_cables = [c for c in cables if c.node in hosts]
+    changed = hardware.write_lab_state(str(state_dir), cluster, specs, switches, kept_cables)
+    if changed:
+        progress(f"simulated hardware written for {len(changed)} node(s)")
+    pub_key = ensure_ssh_key(state_dir / "ssh")
+
+    overlay_path = state_dir / "overlay.yaml"
+    addresses = allocate_addresses(hosts, _load_overlay_addresses(overlay_path), _used_addresses(cluster))
+    current = _containers(cluster)
+    progress(f"starting {len(hosts)} node container(s)")
+    with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(hosts)))) as pool:
+        created_flags = list(pool.map(
+            lambda h: _start(cluster, h, addresses[h], state_dir, current.get(container_name(cluster, h))),
+            hosts,
+        ))
+    created = [h for h, made in zip(hosts, created_flags, strict=True) if made]
+    progress("waiting for sshd on every node")
+    umads = {s.hostname: labstate.umad_count(labstate.load_node(str(state_dir), s.hostname)) for s in specs}
+    paused = {name for name, row in current.items() if row.get("State") == "paused"}
+    ready = [h for h in hosts if container_name(cluster, h) not in paused]
+    with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(ready)))) as pool:
+        host_keys = dict(zip(ready, pool.map(lambda h: _prepare_node(cluster, h, pub_key, umads[h]), ready),
+                             strict=True))
+
+    known_hosts = state_dir / "ssh" / "known_hosts"
+    recorded = parse_known_hosts(known_hosts.read_text(encoding="utf-8")) if known_hosts.is_file() else {}
+    entries: dict[str, tuple[str, str]] = {}
+    for host in hosts:
+        # A node's key is (re)recorded only when its container was made now: a key that
+        # changed under a running node (a hardware swap) must NOT be accepted silently.
+        if host in recorded and host not in created:
+            entries[host] = recorded[host]
+        elif host in host_keys:
+            entries[host] = (addresses[host], host_keys[host])
+    text = known_hosts_text(entries)
+    if not known_hosts.is_file() or known_hosts.read_text(encoding="utf-8") != text:
+        _write_text(known_hosts, text)
+    overlay = yaml.safe_dump(overlay_data(state_dir / "ssh" / "id_ed25519", known_hosts, addresses),
+                             sort_keys=False)
+    if not overlay_path.is_file() or overlay_path.read_text(encoding="utf-8") != overlay:
+        _write_text(overlay_path, overlay)
+    progress(f"lab {cluster} is up: {len(hosts)} node(s), {len(created)} new")
+    return LabInfo(cluster, state_dir, overlay_path, addresses, created)
+
+
+def lab_down(cluster_name: str, progress: Progress = _quiet) -> list[str]:
+    """Remove the cluster's containers and state; drop the network when no lab uses it. Returns the removed."""
+    cluster = check_name(cluster_name, "cluster name")
+    require_root()
+    ensure_containers_conf()
+    names = sorted(_containers(cluster))
+    if names:
+        progress(f"removing {len(names)} container(s)")
+        podman("rm", "--force", "--time", "2", *names, timeout=60 + 10 * len(names))
+    state_dir = cluster_dir(cluster)
+    if state_dir.exists():
+        shutil.rmtree(state_dir)
+    network.remove_network_if_unused()
+    return names
+
+
+def lab_status(cluster_name: str) -> list[NodeStatus]:
+    """Per node: container state, IP and injected faults (nodes of the state dir and containers)."""
+    cluster = check_name(cluster_name, "cluster name")
+    state_dir = cluster_dir(cluster)
+    addresses = _load_overlay_addresses(state_dir / "overlay.yaml")
+    rows = _containers(cluster)
+    by_host = {str(r.get("Labels", {}).get(HOST_LABEL, "")): r for r in rows.values()}
+    nodes_dir = state_dir / "nodes"
+    hosts = sorted(set(by_host) | ({p.name for p in nodes_dir.iterdir()} if nodes_dir.is_dir() else set()))
+    status = []
+    for host in hosts:
+        try:
+            node = labstate.load_node(str(state_dir), host)
+            faults = [{k: v for k, v in f.items() if k not in ("saved", "set")} for f in node.get("faults", [])]
+        except FileNotFoundError:
+            faults = []
+        row = by_host.get(host)
+        status.append(NodeStatus(host, container_name(cluster, host), str(row["State"]) if row else "absent",
+                                 addresses.get(host), faults))
+    return status

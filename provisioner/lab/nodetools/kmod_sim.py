@@ -1,0 +1,220 @@
+#!/usr/bin/python3
+"""Simulated ``modprobe``, ``lsmod`` and ``rmmod`` for lab nodes (stdlib only).
+
+A lab node is a container on a kernel with no InfiniBand or GPU modules, so kmod's
+real tools cannot load anything.  This one script is installed three times into
+``/usr/local/sbin`` (ahead of kmod's in root's PATH) and picks its role from the name
+it was called by.  It keeps the node's loaded modules in
+``/run/lab/nodes/<hostname>/modules.json`` through the shared ``labstate`` module, so
+the fault injector and the other simulated tools (``ib_write_bw --use_cuda`` needs
+``nvidia_peermem``) see the same state.
+
+Like the real modprobe, it loads a module only when a module file exists under
+``/lib/modules/$(uname -r)/`` (the stand-in driver packages install such files), and
+it fails with kmod's exact messages otherwise, so product code and its parsers meet
+the same text as on real hardware.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import TYPE_CHECKING
+
+sys.path.insert(0, os.environ.get("PROVISIONER_LAB_LIB", "/usr/lib/provisioner-lab"))
+
+if TYPE_CHECKING:
+    from provisioner.lab.simtools import labstate
+else:
+    try:  # inside a node: the flat copy next to this script's library dir
+        import labstate
+    except ImportError:  # on the host (tests): the package copy
+        from provisioner.lab.simtools import labstate
+
+MODULE_SUFFIXES = (".ko", ".ko.xz", ".ko.zst", ".ko.gz")
+
+DEPENDS: dict[str, tuple[str, ...]] = {
+    "mlx5_ib": ("mlx5_core", "ib_core"),
+    "ib_uverbs": ("ib_core",),
+    "ib_umad": ("ib_core",),
+    "ib_ipoib": ("ib_core",),
+    "rdma_ucm": ("ib_core", "ib_uverbs"),
+    "nvidia_peermem": ("nvidia", "ib_core"),
+    "nvidia_uvm": ("nvidia",),
+    "nvidia_modeset": ("nvidia",),
+    "nvidia_drm": ("nvidia_modeset",),
+    "nv_peer_mem": ("nvidia", "ib_core"),
+}
+"""What each module needs loaded first, as modules.dep would say for these drivers."""
+
+SIZES: dict[str, int] = {
+    "mlx5_core": 2342912,
+    "mlx5_ib": 458752,
+    "ib_core": 462848,
+    "ib_uverbs": 184320,
+    "ib_umad": 40960,
+    "ib_ipoib": 151552,
+    "nvidia": 56823808,
+    "nvidia_uvm": 4657152,
+    "nvidia_modeset": 1466368,
+    "nvidia_drm": 90112,
+    "nvidia_peermem": 16384,
+}
+DEFAULT_SIZE = 16384
+
+
+def normalise(name: str) -> str:
+    """Module names treat ``-`` and ``_`` alike; the kernel reports ``_``."""
+    return name.replace("-", "_")
+
+
+def modules_dir() -> str:
+    """``/lib/modules/<running kernel>``; tests point it elsewhere."""
+    return os.environ.get("PROVISIONER_LAB_MODULES_DIR") or os.path.join("/lib/modules", os.uname().release)
+
+
+def find_module_file(directory: str, name: str) -> str | None:
+    """Path of the module file for ``name`` anywhere under ``directory``, or None."""
+    wanted = normalise(name)
+    for current, _dirs, files in os.walk(directory):
+        for filename in sorted(files):
+            for suffix in MODULE_SUFFIXES:
+                if filename.endswith(suffix) and normalise(filename[: -len(suffix)]) == wanted:
+                    return os.path.join(current, filename)
+    return None
+
+
+def holders(loaded: list[str], name: str) -> list[str]:
+    """Loaded modules that use ``name`` (lsmod's "Used by" list)."""
+    return [m for m in loaded if name in DEPENDS.get(m, ())]
+
+
+def lsmod_text(loaded: list[str]) -> str:
+    """kmod's lsmod layout: ``%-19s %8lu  %d`` then the holders, comma separated."""
+    lines = ["Module                  Size  Used by"]
+    for name in loaded:
+        users = holders(loaded, name)
+        line = f"{name:<19} {SIZES.get(name, DEFAULT_SIZE):>8}  {len(users)}"
+        if users:
+            line += " " + ",".join(users)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+class Failure(Exception):
+    """A message for stderr and an exit status, as the real tool gives them."""
+
+    def __init__(self, message: str, status: int = 1) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+def load(loaded: list[str], name: str, directory: str, *, first_time: bool = False, dry_run: bool = False,
+         verbose: list[str] | None = None) -> list[str]:
+    """New loaded list after ``modprobe name``; dependencies first, newest at the front."""
+    name = normalise(name)
+    if name in loaded:
+        if first_time:
+            raise Failure(f"modprobe: ERROR: could not insert '{name}': Module already in kernel")
+        return loaded
+    path = find_module_file(directory, name)
+    if path is None:
+        raise Failure(f"modprobe: FATAL: Module {name} not found in directory {directory}")
+    result = list(loaded)
+    for dep in DEPENDS.get(name, ()):
+        if dep not in result and find_module_file(directory, dep) is not None:
+            result = load(result, dep, directory, dry_run=dry_run, verbose=verbose)
+    if verbose is not None:
+        verbose.append(f"insmod {path} ")
+    return result if dry_run else [name, *result]
+
+
+def unload(loaded: list[str], name: str, tool: str, *, first_time: bool = False) -> list[str]:
+    """New loaded list after ``rmmod name`` / ``modprobe -r name``."""
+    name = normalise(name)
+    if name not in loaded:
+        if tool == "rmmod":
+            raise Failure(f"rmmod: ERROR: Module {name} is not currently loaded")
+        if first_time:
+            raise Failure(f"modprobe: FATAL: Module {name} is not in kernel.")
+        return loaded
+    users = holders(loaded, name)
+    if users:
+        if tool == "rmmod":
+            raise Failure(f"rmmod: ERROR: Module {name} is in use by: {' '.join(users)}")
+        raise Failure(f"modprobe: FATAL: Module {name} is in use.")
+    return [m for m in loaded if m != name]
+
+
+def modprobe(argv: list[str], loaded: list[str], directory: str) -> tuple[list[str], str]:
+    """Run modprobe's logic on ``loaded``; return the new list and what to print."""
+    remove = all_names = quiet = dry_run = first_time = False
+    verbose: list[str] | None = None
+    names: list[str] = []
+    for arg in argv:
+        if arg in ("-r", "--remove"):
+            remove = True
+        elif arg in ("-a", "--all"):
+            all_names = True
+        elif arg in ("-q", "--quiet"):
+            quiet = True
+        elif arg in ("-n", "--dry-run", "--show"):
+            dry_run = True
+        elif arg in ("-v", "--verbose"):
+            verbose = []
+        elif arg == "--first-time":
+            first_time = True
+        elif arg in ("-b", "--use-blacklist", "-s", "--syslog"):
+            continue
+        elif arg.startswith("-"):
+            raise Failure(f"modprobe: ERROR: unrecognized option '{arg}'")
+        else:
+            names.append(arg)
+    if not names:
+        raise Failure("modprobe: ERROR: missing parameters. See -h.")
+    targets = names if (all_names or remove) else names[:1]  # later words are module parameters
+    try:
+        for name in targets:
+            if remove:
+                loaded = unload(loaded, name, "modprobe", first_time=first_time)
+            else:
+                loaded = load(
+                    loaded, name, directory, first_time=first_time, dry_run=dry_run, verbose=verbose
+                )
+    except Failure:
+        if quiet:
+            raise Failure("", 1) from None
+        raise
+    return loaded, "\n".join(verbose) + "\n" if verbose else ""
+
+
+def main(argv: list[str]) -> int:
+    """Entry point for all three names."""
+    tool = os.path.basename(argv[0])
+    root, host = labstate.lab_root(), labstate.this_host()
+    loaded = labstate.load_modules(root, host)
+    try:
+        if tool == "lsmod":
+            sys.stdout.write(lsmod_text(loaded))
+            return 0
+        if tool == "rmmod":
+            names = [a for a in argv[1:] if not a.startswith("-")]
+            if not names:
+                raise Failure("rmmod: ERROR: missing module name.")
+            new = loaded
+            for name in names:
+                new = unload(new, name, "rmmod")
+        else:
+            new, output = modprobe(argv[1:], loaded, modules_dir())
+            sys.stdout.write(output)
+    except Failure as failure:
+        if str(failure):
+            sys.stderr.write(str(failure) + "\n")
+        return failure.status
+    if new != loaded:
+        labstate.save_modules(root, host, new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,1 @@
+"""Simulated tools copied into the lab node image (stdlib-only python3 scripts)."""

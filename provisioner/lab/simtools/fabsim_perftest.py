@@ -1,0 +1,477 @@
+"""Simulated perftest (``ib_write_bw``, ``ib_read_bw``, ``ib_send_bw``), stdlib only.
+
+Like the real perftest, the server is the side started without a host argument; it
+waits on TCP port 18515 (``-p``) and the client connects to it.  Both sides exchange
+their port's attributes over that socket (the real tool exchanges LID/QPN/PSN/RKey/VAddr
+the same way, "Data ex. method : Ethernet"), then both print perftest's banner and the
+result table, with the bandwidth derived from the link model of both ports.
+
+Formats follow perftest's own ``printf`` strings (Debian perftest 4.5-0.17 binary
+``/usr/bin/ib_write_bw``, and captured runs in linux-rdma/perftest issues #132, #214,
+#234, #31, #126).  Result line: `` %-7lu    %-10lu       %-7.2lf            %-7.2lf\\t\\t   %-7.6lf``.
+
+Bandwidth model (documented in docs/notes/simtools-fabric.md):
+``min(rate_a * bw_factor_a, rate_b * bw_factor_b) * efficiency``, efficiency 0.98 at
+large messages (NDR 400 Gb/s ports report ~392 Gb/s), capped at small sizes by a message
+rate of 2.64 Mpps (perftest issue #132: 2-byte writes at 2.636533 Mpps), times a
+deterministic +-0.3 % jitter.  GPUDirect (``--use_cuda``) costs another 1.5 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+try:
+    from provisioner.lab.simtools import fabsim_common as common
+    from provisioner.lab.simtools import labstate
+except ImportError:  # inside a node
+    import fabsim_common as common  # type: ignore[import-not-found,no-redef]
+    import labstate  # type: ignore[import-not-found,no-redef]
+
+DEFAULT_PORT = 18515
+DASHES = "-" * 87
+EFFICIENCY = 0.98
+GDR_EFFICIENCY = 0.985
+MAX_MSG_RATE = 2.64e6
+JITTER = 0.003
+TESTS = {
+    "ib_write_bw": "RDMA_Write",
+    "ib_read_bw": "RDMA_Read",
+    "ib_send_bw": "Send",
+}
+STATE_NAMES = {"nop": "Nop", "down": "Down", "init": "Init", "armed": "Armed"}
+"""perftest's portStates[] names, printed by `` Port number %d state is %s``."""
+
+
+class PerftestFailure(Exception):
+    """A failure perftest reports on stderr before exiting with status 1."""
+
+    def __init__(self, lines: Sequence[str], stdout_lines: Sequence[str] = ()) -> None:
+        super().__init__("\n".join(lines))
+        self.lines = list(lines)
+        self.stdout_lines = list(stdout_lines)
+
+
+@dataclass(frozen=True)
+class Options:
+    """The perftest options the simulation honours (others are accepted and ignored)."""
+
+    tool: str
+    device: str | None
+    ib_port: int
+    gid_index: int | None
+    size: int
+    all_sizes: bool
+    iters: int
+    report_gbits: bool
+    bidirectional: bool
+    duration: int | None
+    use_cuda: int | None
+    tcp_port: int
+    qps: int
+    host: str | None
+
+
+def parse_args(tool: str, argv: Sequence[str]) -> Options:
+    """Parse perftest's command line (getopt-style short and long options)."""
+    parser = argparse.ArgumentParser(prog=tool, add_help=False, exit_on_error=False)
+    parser.add_argument("-d", "--ib-dev", dest="device")
+    parser.add_argument("-i", "--ib-port", type=int, default=1)
+    parser.add_argument("-x", "--gid-index", type=int)
+    parser.add_argument("-s", "--size", type=int, default=65536)
+    parser.add_argument("-a", "--all", action="store_true")
+    parser.add_argument("-n", "--iters", type=int, default=5000)
+    parser.add_argument("-F", "--CPU-freq", action="store_true")
+    parser.add_argument("--report_gbits", action="store_true")
+    parser.add_argument("-b", "--bidirectional", action="store_true")
+    parser.add_argument("-D", "--duration", type=int)
+    parser.add_argument("--use_cuda", nargs="?", const=0, type=int)
+    parser.add_argument("-p", "--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("-q", "--qp", type=int, default=1)
+    parser.add_argument("-c", "--connection", default="RC")
+    parser.add_argument("-m", "--mtu", type=int)
+    parser.add_argument("-t", "--tx-depth", type=int)
+    parser.add_argument("-R", "--rdma_cm", action="store_true")
+    parser.add_argument("--output")
+    parser.add_argument("host", nargs="?")
+    try:
+        ns, unknown = parser.parse_known_args(list(argv))
+    except argparse.ArgumentError as exc:
+        raise PerftestFailure([f" Invalid command line: {exc}"]) from exc
+    if unknown:
+        raise PerftestFailure([f"{tool}: unrecognized option '{unknown[0]}'"])
+    return Options(
+        tool=tool,
+        device=ns.device,
+        ib_port=ns.ib_port,
+        gid_index=ns.gid_index,
+        size=ns.size,
+        all_sizes=ns.all,
+        iters=ns.iters,
+        report_gbits=ns.report_gbits,
+        bidirectional=ns.bidirectional,
+        duration=ns.duration,
+        use_cuda=ns.use_cuda,
+        tcp_port=ns.port,
+        qps=ns.qp,
+        host=ns.host,
+    )
+
+
+# ---------------------------------------------------------------- local checks (pure)
+
+
+def select_port(node: dict[str, Any], device: str | None, ib_port: int) -> dict[str, Any]:
+    """The node.json port perftest would open, or the failure perftest prints."""
+    hcas: list[dict[str, Any]] = node.get("hcas", [])
+    if not hcas:
+        raise PerftestFailure(["No IB devices found", " Unable to find the Infiniband/RoCE device"])
+    name = device or str(hcas[0]["device"])
+    ports = [h for h in hcas if h.get("device") == name]
+    if not ports:
+        raise PerftestFailure([f"IB device {name} not found", " Unable to find the Infiniband/RoCE device"])
+    for hca in ports:
+        if int(hca.get("port", 1)) == ib_port:
+            return hca
+    raise PerftestFailure([" Couldn't get context for the device"])
+
+
+def check_link(hca: dict[str, Any], ib_port: int) -> None:
+    """perftest refuses a port that is not Active (check_link -> set_link_layer)."""
+    if hca.get("state") != "active":
+        state = STATE_NAMES.get(str(hca.get("state")), "Down")
+        raise PerftestFailure([f" Port number {ib_port} state is {state}", " Couldn't set the link layer"])
+
+
+def cuda_lines(node: dict[str, Any], index: int, modules: list[str], driver: bool) -> list[str]:
+    """What perftest prints while setting up a GPU buffer; raises when it cannot.
+
+    Needs a driver, a present GPU ``index`` and ``nvidia_peermem`` (without it the
+    GPU memory registration fails: "Couldn't allocate MR", perftest issues #31/#126).
+    """
+    gpus = [g for g in node.get("gpus", []) if g.get("present", True)]
+    lines = ["initializing CUDA"]
+    if not driver or not gpus:
+        raise PerftestFailure(
+            ["cuInit(0) returned 100", "Couldn't init GPU context", " Couldn't create IB resources"], lines
+        )
+    lines.append("Listing all CUDA devices in system:")
+    for i, gpu in enumerate(gpus):
+        bus = str(gpu.get("pci_bus_id", "00000000:00:00.0")).split(":")
+        lines.append(f"CUDA device {i}: PCIe address is {bus[1].upper()}:{bus[2][:2].upper()}")
+    if index >= len(gpus):
+        raise PerftestFailure([f"No CUDA device {index}", " Couldn't create IB resources"], lines)
+    lines += [
+        "",
+        f"Picking device No. {index}",
+        f"[pid = {os.getpid()}, dev = {index}] device name = [{gpus[index].get('name', '')}]",
+        "creating CUDA Ctx",
+        "making it the current CUDA Ctx",
+    ]
+    if "nvidia_peermem" not in modules:
+        raise PerftestFailure(
+            [
+                "Couldn't allocate MR",
+                "failed to create mr",
+                "Failed to create MR",
+                " Couldn't create IB resources",
+            ],
+            lines,
+        )
+    return lines
+
+
+def port_info(hca: dict[str, Any], opts: Options, gpu_ok: bool) -> dict[str, Any]:
+    """What one side sends the other during the exchange."""
+    return {
+        "lid": int(hca.get("lid", 0)),
+        "guid": str(hca.get("port_guid", "0x0")),
+        "rate_gbps": float(hca.get("rate_gbps", 0)),
+        "bw_factor": float(hca.get("bw_factor", 1.0)),
+        "state": str(hca.get("state")),
+        "flapping": bool(hca.get("flapping")),
+        "link_layer": str(hca.get("link_layer", "InfiniBand")),
+        "cuda": gpu_ok,
+        "qpn": int(common.unit_hash("qpn", hca.get("port_guid"), os.getpid()) * 0xFFFF),
+        "psn": int(common.unit_hash("psn", hca.get("port_guid"), os.getpid()) * 0xFFFFFF),
+        "size": opts.size,
+        "all": opts.all_sizes,
+        "iters": opts.iters,
+        "duration": opts.duration,
+        "bidirectional": opts.bidirectional,
+        "qps": opts.qps,
+    }
+
+
+# ---------------------------------------------------------------- bandwidth model (pure)
+
+
+def sizes_for(opts: Options) -> list[int]:
+    """Message sizes of the run: ``-a`` sweeps 2 B .. 8 MiB like perftest."""
+    if opts.all_sizes:
+        return [2**k for k in range(1, 24)]
+    return [opts.size]
+
+
+def bandwidth_gbps(local: dict[str, Any], remote: dict[str, Any], size: int, run: str) -> float:
+    """Average one-way bandwidth in Gb/s for one message size."""
+    link = min(local["rate_gbps"] * local["bw_factor"], remote["rate_gbps"] * remote["bw_factor"])
+    eff = EFFICIENCY * (GDR_EFFICIENCY if (local["cuda"] or remote["cuda"]) else 1.0)
+    peak = link * eff
+    rate_cap = size * 8 * MAX_MSG_RATE * max(1, int(local["qps"])) / 1e9
+    guids = sorted([local["guid"], remote["guid"]])
+    return float(min(peak, rate_cap) * common.jitter(JITTER, "bw", run, guids[0], guids[1], size))
+
+
+def result_rows(local: dict[str, Any], remote: dict[str, Any], opts: Options, run: str) -> list[str]:
+    """The table rows as perftest prints them."""
+    rows = []
+    for size in sizes_for(opts):
+        gbps = bandwidth_gbps(local, remote, size, run)
+        if opts.bidirectional:
+            gbps *= 2 * common.jitter(JITTER, "bidir", run, size)
+        bytes_per_s = gbps * 1e9 / 8
+        avg = gbps if opts.report_gbits else bytes_per_s / 2**20
+        peak = 0.0 if opts.duration else avg * common.jitter(0.001, "peak", run, size) + abs(avg) * 0.0005
+        iters = int(bytes_per_s * opts.duration / size) if opts.duration else opts.iters
+        msg_rate = bytes_per_s / size / 1e6
+        rows.append(f" {size:<7d}    {iters:<10d}       {peak:<7.2f}            {avg:<7.2f}\t\t   {msg_rate:<7.6f}")
+    return rows
+
+
+# ---------------------------------------------------------------- output (pure)
+
+
+def gid_text(guid: str) -> str:
+    """perftest's `` GID: `` line form: 16 bytes printed with ``%02d``."""
+    raw = bytes([0xFE, 0x80, 0, 0, 0, 0, 0, 0]) + common.guid_int(guid).to_bytes(8, "big")
+    return ":".join(f"{b:02d}" for b in raw)
+
+
+def banner(opts: Options, hca: dict[str, Any], is_server: bool) -> list[str]:
+    """The parameter block perftest prints before the addresses."""
+    title = TESTS.get(opts.tool, "RDMA_Write") + (" Bidirectional" if opts.bidirectional else "") + " BW Test"
+    link = "IB" if hca.get("link_layer", "InfiniBand") == "InfiniBand" else "Ethernet"
+    lines = [
+        DASHES,
+        f"                    {title}",
+        f" Dual-port       : OFF\t\tDevice         : {hca['device']}",
+        f" Number of qps   : {opts.qps}\t\tTransport type : IB",
+        " Connection type : RC\t\tUsing SRQ      : OFF",
+        " PCIe relax order: ON",
+        " ibv_wr* API     : ON",
+    ]
+    if not is_server:
+        lines.append(" TX depth        : 128")
+    lines += [
+        f" CQ Moderation   : {1 if opts.duration else 100}",
+        " Mtu             : 4096[B]",
+        f" Link type       : {link}",
+    ]
+    if opts.gid_index is not None or link == "Ethernet":
+        lines.append(f" GID index       : {opts.gid_index or 0}")
+    lines += [" Max inline data : 0[B]", " rdma_cm QPs\t : OFF", " Data ex. method : Ethernet", DASHES]
+    return lines
+
+
+def address_lines(info: dict[str, Any], which: str, show_gid: bool) -> list[str]:
+    """`` local address: LID 0x02 QPN 0x0032 PSN 0x5f2841 RKey 0x002440 VAddr 0x007f...``."""
+    rkey = int(common.unit_hash("rkey", info["guid"], info["qpn"]) * 0x1FFFFF)
+    vaddr = 0x7F0000000000 + int(common.unit_hash("va", info["guid"], info["qpn"]) * 0xFFFFFFFF) * 0x1000 % (
+        0xFFFFFFFFFF
+    )
+    line = (
+        f" {which} address: LID {common.c_hex(info['lid'], 4)} QPN {common.c_hex(info['qpn'], 6)}"
+        f" PSN {common.c_hex(info['psn'], 6)} RKey {common.c_hex(rkey, 8)} VAddr {common.c_hex(vaddr, 16)}"
+    )
+    return [line, f" GID: {gid_text(info['guid'])}"] if show_gid else [line]
+
+
+def table_header(opts: Options) -> str:
+    unit = "Gb/sec" if opts.report_gbits else "MB/sec"
+    return f" #bytes     #iterations    BW peak[{unit}]    BW average[{unit}]   MsgRate[Mpps]"
+
+
+# ---------------------------------------------------------------- the exchange (I/O)
+
+
+def _send(sock: socket.socket, data: dict[str, Any]) -> None:
+    sock.sendall((json.dumps(data) + "\n").encode())
+
+
+def _recv(sock: socket.socket) -> dict[str, Any]:
+    buf = b""
+    while not buf.endswith(b"\n"):
+        chunk = sock.recv(4096)
+        if not chunk:
+            raise PerftestFailure([" Failed to exchange data between server and clients"])
+        buf += chunk
+    data = json.loads(buf.decode())
+    if not isinstance(data, dict):
+        raise PerftestFailure([" Failed to exchange data between server and clients"])
+    return data
+
+
+def serve_once(port: int, mine: dict[str, Any]) -> tuple[socket.socket, dict[str, Any]]:
+    """Wait for one client on ``port`` (all addresses), then swap port info."""
+    listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        listener.bind(("0.0.0.0", port))  # noqa: S104 - perftest listens on every address
+        listener.listen(1)
+    except OSError as exc:
+        listener.close()
+        raise PerftestFailure(
+            [f"Couldn't listen to port {port}", " Unable to open file descriptor for socket connection"]
+        ) from exc
+    conn, _ = listener.accept()
+    listener.close()
+    peer = _recv(conn)
+    _send(conn, mine)
+    return conn, peer
+
+
+def connect_once(host: str, port: int, mine: dict[str, Any], timeout: float) -> tuple[socket.socket, dict[str, Any]]:
+    """Connect to the server and swap port info; the real tool's messages on failure."""
+    import time
+
+    deadline = time.monotonic() + float(os.environ.get("PROVISIONER_LAB_PERFTEST_RETRY_S", "1.0"))
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=timeout)
+            break
+        except OSError as exc:
+            if isinstance(exc, ConnectionRefusedError) and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            raise PerftestFailure(
+                [
+                    f"Couldn't connect to {host}:{port}",
+                    "Unable to open file descriptor for socket connection Unable to init the socket connection",
+                ]
+            ) from exc
+    sock.settimeout(timeout)
+    try:
+        _send(sock, mine)
+        peer = _recv(sock)
+    except (OSError, ValueError) as exc:
+        sock.close()
+        raise PerftestFailure([" Failed to exchange data between server and clients"]) from exc
+    return sock, peer
+
+
+# ---------------------------------------------------------------- entry point
+
+
+def run(tool: str, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
+    """Run one side of the test; returns the process exit status."""
+    try:
+        opts = parse_args(tool, argv)
+        root, host = common.lab_root(), common.this_host()
+        node = labstate.load_node(root, host)
+        hca = select_port(node, opts.device, opts.ib_port)
+        check_link(hca, opts.ib_port)
+        is_server = opts.host is None
+        if opts.duration:
+            print(" WARNING: BW peak won't be measured in this run.", file=out)
+        if is_server:
+            print(
+                "\n************************************\n* Waiting for client to connect... *\n"
+                "************************************",
+                file=out,
+                flush=True,
+            )
+        gpu_ok = False
+        if opts.use_cuda is not None:
+            print("Perftest doesn't supports CUDA tests with inline messages: inline size set to 0", file=out)
+            lines = cuda_lines(node, opts.use_cuda, labstate.load_modules(root, host), common.driver_installed())
+            print("\n".join(lines), file=out, flush=True)
+            gpu_ok = True
+        mine = port_info(hca, opts, gpu_ok)
+        timeout = float(os.environ.get("PROVISIONER_LAB_PERFTEST_TIMEOUT_S", "10"))
+        if is_server:
+            conn, peer = serve_once(opts.tcp_port, mine)
+        else:
+            conn, peer = connect_once(str(opts.host), opts.tcp_port, mine, timeout)
+        with conn:
+            return _report(opts, hca, mine, peer, is_server, conn, out, err)
+    except PerftestFailure as failure:
+        if failure.stdout_lines:
+            print("\n".join(failure.stdout_lines), file=out)
+        out.flush()
+        print("\n".join(failure.lines), file=err)
+        return 1
+    except FileNotFoundError:
+        print("No IB devices found", file=err)
+        return 1
+
+
+def _report(
+    opts: Options,
+    hca: dict[str, Any],
+    mine: dict[str, Any],
+    peer: dict[str, Any],
+    is_server: bool,
+    conn: socket.socket,
+    out: TextIO,
+    err: TextIO,
+) -> int:
+    """Print banner, addresses and results; a flapping port aborts the run."""
+    # The client's parameters rule the run, as in perftest (the server adopts them).
+    eff = opts if not is_server else _adopt(opts, peer)
+    print("\n".join(banner(eff, hca, is_server)), file=out)
+    show_gid = eff.gid_index is not None
+    print("\n".join(address_lines(mine, "local", show_gid) + address_lines(peer, "remote", show_gid)), file=out)
+    print(DASHES, file=out)
+    print(table_header(eff), file=out, flush=True)
+    run = common.run_id()
+    if (
+        peer.get("state") != "active"
+        or common.flaps_now({"flapping": mine["flapping"], "port_guid": mine["guid"]}, run)
+        or common.flaps_now({"flapping": peer["flapping"], "port_guid": peer["guid"]}, run)
+    ):
+        # IBV_WC_RETRY_EXC_ERR (12) when the link drops under the test.
+        print("Completion with error at " + ("server" if is_server else "client"), file=err)
+        print("Failed status 12: wr_id 0 syndrom 0x81", file=err)
+        print(f"scnt={128 if not is_server else 0}, ccnt=0", file=err)
+        print(" Failed to complete run_iter_bw function successfully", file=err)
+        return 1
+    local, remote = (mine, peer) if not is_server else (peer, mine)
+    print("\n".join(result_rows(local, remote, eff, run)), file=out)
+    print(DASHES, file=out, flush=True)
+    return 0
+
+
+def _adopt(opts: Options, client: dict[str, Any]) -> Options:
+    """The server runs with the client's size/iteration parameters (perftest syncs them)."""
+    return Options(
+        tool=opts.tool,
+        device=opts.device,
+        ib_port=opts.ib_port,
+        gid_index=opts.gid_index,
+        size=int(client.get("size", opts.size)),
+        all_sizes=bool(client.get("all", opts.all_sizes)),
+        iters=int(client.get("iters", opts.iters)),
+        report_gbits=opts.report_gbits,
+        bidirectional=bool(client.get("bidirectional", opts.bidirectional)),
+        duration=client.get("duration", opts.duration),
+        use_cuda=opts.use_cuda,
+        tcp_port=opts.tcp_port,
+        qps=int(client.get("qps", opts.qps)),
+        host=None,
+    )
+
+
+def main(argv: Sequence[str]) -> int:
+    """Script entry: the tool name comes from argv[0] (one script, three names)."""
+    tool = os.path.basename(argv[0]) if argv else "ib_write_bw"
+    if tool not in TESTS:
+        tool = "ib_write_bw"
+    return run(tool, argv[1:], sys.stdout, sys.stderr)

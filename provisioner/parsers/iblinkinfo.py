@@ -1,0 +1,73 @@
+"""Parser for ``iblinkinfo`` (default block form and ``-l`` one-line form).
+
+Each printed port becomes one link record: the node it belongs to (switch or CA name),
+port state and physical state, width, the lane signalling speed as printed
+(``25.78125 Gbps``) and the nominal data rate derived from it (4X x 25 = 100 Gb/s, the
+figure ibstat would print). ``(Could be ...)`` hints from iblinkinfo — the link trained
+below what both ends support — become warnings.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from provisioner.errors import ParseError
+from provisioner.parsers._common import norm_phys_state, norm_state, require_text, to_float
+
+#: Lane signalling rate as printed -> nominal per-lane data rate used in "Rate" figures.
+_LANE_NOMINAL = {2.5: 2.5, 5.0: 5.0, 10.0: 10.0, 10.3125: 10.0, 14.0625: 14.0, 25.78125: 25.0,
+                 53.125: 50.0, 106.25: 100.0, 212.5: 200.0}
+
+_NODE_RE = re.compile(r"^(?P<kind>Switch|CA):\s+(?:(?P<guid>0x[0-9a-fA-F]+)\s+)?(?P<name>.*?):?\s*$")
+_LINK_RE = re.compile(
+    r"^\s*(?:0x[0-9a-fA-F]+\s+)?(?:\"(?P<lname>[^\"]*)\"\s+)?(?:\d+\s+)?(?P<port>\d+)\[[^\]]*\]\s*"
+    r"==\(\s*(?:(?P<width>\d+)X\s+(?P<speed>[\d.]+)\s*Gbps\s*(?:\([^)]*\)\s*)?)?"
+    r"(?P<state>[A-Za-z]+)/\s*(?P<phys>[A-Za-z]+)\s*\)==>\s*"
+    r"(?:0x[0-9a-fA-F]+\s+)?(?:\d+\s+(?P<pport>\d+))?\s*\[[^\]]*\]\s*\"(?P<peer>[^\"]*)\"\s*(?:\((?P<hint>[^)]*)\))?"
+)
+
+
+def _nominal(speed: float | None) -> float | None:
+    if speed is None:
+        return None
+    return _LANE_NOMINAL.get(speed, speed)
+
+
+def parse_iblinkinfo(text: str) -> dict[str, Any]:
+    """Parse ``iblinkinfo`` into one record per printed port."""
+    require_text("iblinkinfo", text)
+    links: list[dict[str, Any]] = []
+    warnings: list[str] = []
+    node: str | None = None
+    for line in text.splitlines():
+        n = _NODE_RE.match(line.strip())
+        if n and "==(" not in line:
+            node = n.group("name").strip()
+            continue
+        m = _LINK_RE.match(line)
+        if not m:
+            continue
+        owner = m.group("lname").strip() if m.group("lname") is not None else node
+        width = int(m.group("width")) if m.group("width") else None
+        speed = to_float(m.group("speed")) if m.group("speed") else None
+        nominal = _nominal(speed)
+        peer = m.group("peer").strip() or None
+        rec = {
+            "switch": owner,
+            "port": int(m.group("port")),
+            "state": norm_state(m.group("state")),
+            "physical_state": norm_phys_state(m.group("phys")),
+            "width": f"{width}X" if width else None,
+            "lane_speed_gbps": speed,
+            "rate_gbps": width * nominal if width and nominal else None,
+            "peer": peer,
+            "peer_port": int(m.group("pport")) if m.group("pport") else None,
+        }
+        links.append(rec)
+        hint = (m.group("hint") or "").strip()
+        if hint:
+            warnings.append(f"{owner} port {rec['port']}: {hint}")
+    if not links:
+        raise ParseError("iblinkinfo: no '<port>[ ] ==( ... )==> ...' link line found")
+    return {"tool": "iblinkinfo", "links": links, "warnings": warnings}

@@ -1,0 +1,139 @@
+"""Parser for the perftest bandwidth tools: ``ib_write_bw``, ``ib_read_bw``, ``ib_send_bw``.
+
+The same parser serves server and client, host memory and CUDA (``--use_cuda``) runs,
+``--report_gbits`` and the default MB/sec columns. perftest's "MB/sec" is MiB/s
+(``bytes / 2**20`` per second), so it is converted to Gb/s with ``2**20 * 8 / 1e9``.
+A run that printed rows and then failed (``Failed to complete run_iter_bw``, a completion
+with error) keeps its rows but reports ``ok: false`` and the error line.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from provisioner.errors import ParseError
+from provisioner.parsers._common import require_text, to_float, to_int
+
+MIB_PER_S_TO_GBPS = 2**20 * 8 / 1e9
+
+_TEST_RE = re.compile(r"^\s*(RDMA_Write|RDMA_Read|Send|Atomic)\b(.*?)\bBW Test\s*$")
+_LAT_RE = re.compile(r"^\s*\S+.*\bLatency Test\s*$")
+_COLS_RE = re.compile(r"^\s*#bytes\s+#iterations\s+BW peak\[([A-Za-z/]+)\]\s+BW average\[([A-Za-z/]+)\]")
+_ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\b")
+_DEVICE_RE = re.compile(r"\bDevice\s*:\s*(\S+)")
+_CUDA_DEV_RE = re.compile(r"\[pid = \d+, dev = (\d+)\]|Picking device No\. (\d+)")
+_CUDA_MARK_RE = re.compile(r"initializing CUDA|cuMemAlloc|CUDA device|use_cuda|supports CUDA", re.IGNORECASE)
+_ERROR_RE = re.compile(
+    r"\b(?:fail(?:ed|ure)?|error|couldn't|could not|unable to)\b|syndrom", re.IGNORECASE
+)
+_NOT_ERRORS = ("Perftest doesn't supports CUDA", "Conflicting CPU frequency")
+_PERFTEST_ONLY_ERRORS = (
+    "Unable to init the socket connection",
+    "Couldn't connect to",
+    "Unable to open file descriptor for socket connection",
+    "Couldn't get device info",
+)
+
+_TESTS = {
+    "RDMA_Write": "ib_write_bw",
+    "RDMA_Read": "ib_read_bw",
+    "Send": "ib_send_bw",
+    "Atomic": "ib_atomic_bw",
+}
+
+
+def _to_gbps(value: float, unit: str) -> float:
+    """Convert one bandwidth figure to Gb/s (1e9 bit/s) from the unit the header names."""
+    u = unit.lower()
+    if u.startswith("gb"):
+        return value
+    if u in ("mb/sec", "mib/sec"):
+        return round(value * MIB_PER_S_TO_GBPS, 6)
+    raise ParseError(f"perftest: unknown bandwidth unit {unit!r}")
+
+
+def _looks_like_perftest(text: str) -> bool:
+    markers = ("BW Test", "#bytes", "Waiting for client to connect", *_PERFTEST_ONLY_ERRORS)
+    return any(m in text for m in markers)
+
+
+def parse_perftest(text: str) -> dict[str, Any]:
+    """Parse one side (server or client) of an ib_*_bw run."""
+    require_text("perftest", text)
+    if not _looks_like_perftest(text):
+        if any(_LAT_RE.match(line) for line in text.splitlines()):
+            raise ParseError("perftest: this is a latency test (ib_*_lat); only bandwidth tests are parsed")
+        raise ParseError("perftest: no 'BW Test' header or '#bytes' table; this is not ib_*_bw output")
+    test: str | None = None
+    bidirectional = False
+    device: str | None = None
+    unit: str | None = None
+    cuda_device: int | None = None
+    results: list[dict[str, Any]] = []
+    errors: list[str] = []
+    warnings: list[str] = []
+    for line in text.splitlines():
+        m = _TEST_RE.match(line)
+        if m:
+            test = _TESTS[m.group(1)]
+            bidirectional = "bidirectional" in m.group(2).lower()
+            continue
+        m = _COLS_RE.match(line)
+        if m:
+            unit = m.group(2)
+            continue
+        if unit is not None:
+            r = _ROW_RE.match(line)
+            if r:
+                peak, avg = float(r.group(3)), float(r.group(4))
+                results.append({
+                    "bytes": int(r.group(1)),
+                    "iterations": int(r.group(2)),
+                    "bw_peak_gbps": _to_gbps(peak, unit),
+                    "bw_avg_gbps": _to_gbps(avg, unit),
+                    "msg_rate_mpps": to_float(r.group(5)),
+                })
+                continue
+        if device is None:
+            d = _DEVICE_RE.search(line)
+            if d:
+                device = d.group(1)
+        c = _CUDA_DEV_RE.search(line)
+        if c and cuda_device is None:
+            cuda_device = to_int(c.group(1) or c.group(2))
+        stripped = line.strip()
+        if any(stripped.startswith(n) for n in _NOT_ERRORS):
+            if stripped.startswith("Conflicting CPU frequency"):
+                warnings.append(stripped)
+            continue
+        if _ERROR_RE.search(stripped) and not stripped.startswith(("#", "-")):
+            errors.append(stripped)
+    gpudirect = bool(_CUDA_MARK_RE.search(text))
+    if gpudirect and cuda_device is None and "picking first" in text:
+        cuda_device = 0
+    if "Waiting for client to connect" in text:
+        role: str | None = "server"
+    elif results or "remote address" in text:
+        role = "client"
+    else:
+        role = None
+    error = errors[0] if errors else None
+    if not results and error is None:
+        error = "no bandwidth results were printed"
+    largest = max(results, key=lambda r: r["bytes"]) if results else None
+    return {
+        "tool": "perftest",
+        "ok": error is None,
+        "role": role,
+        "test": test,
+        "bidirectional": bidirectional,
+        "device": device,
+        "gpudirect": gpudirect,
+        "cuda_device": cuda_device,
+        "results": results,
+        "bw_avg_gbps": largest["bw_avg_gbps"] if largest else None,
+        "error": error,
+        "errors": errors,
+        "warnings": warnings,
+    }

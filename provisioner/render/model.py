@@ -1,0 +1,211 @@
+"""The inventory as data: groups, host variables and group variables derived from the expanded Cluster.
+
+One function builds it; the file renderer and the Ansible inventory plugin both consume it, so
+`provision render` and `ansible-inventory -i cluster.yaml` can never disagree.
+Role variables are named after the role that reads them (nvidia_driver_version, opensm_priority, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from provisioner.spec import hostlist
+from provisioner.spec.cluster import Cluster, Node
+from provisioner.spec.rules import members
+
+OS_CODENAMES = {"ubuntu-22.04": "jammy", "ubuntu-24.04": "noble", "debian-12": "bookworm"}
+OS_REPO_PATHS = {"ubuntu-22.04": "ubuntu2204", "ubuntu-24.04": "ubuntu2404", "debian-12": "debian12"}
+
+
+@dataclass
+class Inventory:
+    groups: dict[str, list[str]] = field(default_factory=dict)  # group -> hosts (sorted)
+    children: dict[str, list[str]] = field(default_factory=dict)  # parent group -> child groups
+    hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    groupvars: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+
+def _group_name(raw: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in raw)
+
+
+def _spec_relative(cluster: Cluster, p: str | None) -> str | None:
+    """Resolve a control-node path given in the spec relative to the spec file."""
+    if p is None:
+        return None
+    expanded = os.path.expanduser(p)
+    if os.path.isabs(expanded):
+        return expanded
+    return str(Path(cluster.file).resolve().parent / expanded)
+
+
+def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
+    """The /etc/nccl.conf settings the spec implies for this node (sites may override per key)."""
+    env: dict[str, str] = {}
+    rails = sorted((p for p in node.rail_ports), key=lambda p: (p.rail if p.rail is not None else 99, p.device))
+    if rails:
+        env["NCCL_IB_HCA"] = ",".join(f"={p.device}:{p.port}" for p in rails)
+        env["NCCL_NET_GDR_LEVEL"] = "PHB" if node.gpu_count else "LOC"
+    prof = cluster.spec.profiles[node.profile]
+    if prof.management_interface:
+        env["NCCL_SOCKET_IFNAME"] = prof.management_interface
+    roce = cluster.spec.fabric.roce
+    if cluster.spec.fabric.type == "roce" and roce is not None:
+        env["NCCL_IB_GID_INDEX"] = str(roce.gid_index)
+        env["NCCL_IB_TC"] = str(roce.traffic_class)
+    if prof.nccl_topology_file:
+        env["NCCL_TOPO_FILE"] = "/etc/nccl/topology.xml"
+    return env
+
+
+def build_inventory(cluster: Cluster) -> Inventory:
+    spec = cluster.spec
+    inv = Inventory()
+    all_hosts = [n.name for n in cluster.nodes]
+
+    def add(group: str, host: str) -> None:
+        inv.groups.setdefault(group, []).append(host)
+
+    for n in cluster.nodes:
+        for role in n.roles:
+            add(role, n.name)
+        add(f"profile_{_group_name(n.profile)}", n.name)
+        for p in n.rail_ports:
+            if p.rail is not None:
+                add(f"rail_{p.rail}", n.name)
+        if n.gpu_count:
+            add("gpu_nodes", n.name)
+        if n.nvswitch:
+            add("nvswitch_nodes", n.name)
+        if any(p.link_layer == "infiniband" for p in n.ports):
+            add("ib_nodes", n.name)
+    for cab in cluster.cables:
+        sw = next(s for s in cluster.switches if s.name == cab.switch)
+        if sw.tier == "leaf" and cab.node not in inv.groups.get(f"leaf_{_group_name(sw.name)}", []):
+            add(f"leaf_{_group_name(sw.name)}", cab.node)
+
+    # storage clients
+    nfs_by_host: dict[str, list[dict[str, Any]]] = {}
+    for m in spec.storage.nfs.mounts:
+        for h in members(m.on, cluster):
+            nfs_by_host.setdefault(h, []).append({
+                "server": cluster.node(m.server).address, "server_name": m.server, "export": m.export,
+                "path": m.mount, "transport": m.transport, "version": m.version, "nconnect": m.nconnect,
+                "options": list(m.options), "automount": m.automount, "owner": m.owner, "mode": m.mode})
+            add("nfs_clients", h)
+    exports_by_host: dict[str, list[dict[str, Any]]] = {}
+    for e in spec.storage.nfs.exports:
+        exports_by_host.setdefault(e.server, []).append({
+            "path": e.path, "clients": e.clients, "options": list(e.options), "implementation": e.implementation})
+    lustre_by_host: dict[str, list[dict[str, Any]]] = {}
+    for lm in spec.storage.lustre:
+        for h in members(lm.on, cluster):
+            lustre_by_host.setdefault(h, []).append({
+                "fsname": lm.fsname, "mgs": list(lm.mgs), "path": lm.mount, "lnet": list(lm.lnet),
+                "options": list(lm.options)})
+            add("lustre_clients", h)
+
+    sm = spec.fabric.subnet_manager
+    sm_nodes = {s.node: s for s in (sm.nodes if sm else [])}
+    partitions: list[dict[str, Any]] = []
+    for part in spec.fabric.partitions:
+        full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
+        partitions.append({
+            "name": part.name, "pkey": f"{part.pkey & 0x7FFF:#06x}", "membership": "full" if full else "limited",
+            "members": members(part.members, cluster), "ipoib": part.ipoib})
+
+    for n in cluster.nodes:
+        hv: dict[str, Any] = {
+            "ansible_host": n.address,
+            "provisioner_profile": n.profile,
+            "provisioner_roles": list(n.roles),
+            "provisioner_expected_ports": [
+                {"device": p.device, "port": p.port, "rate_gbps": p.rate_gbps, "width": p.width,
+                 "link_layer": p.link_layer, "rail": p.rail, "gpu": p.gpu, "numa": p.numa, "netdev": p.netdev,
+                 "pci": p.pci, "purpose": p.purpose}
+                for p in n.ports],
+            "provisioner_known_guids": dict(sorted(n.guids.items())),
+            "preflight_gpu_count": n.gpu_count,
+            "preflight_gpu_model": n.gpu_model,
+            "preflight_hca_devices": [p.device for p in n.ports],
+            "nvidia_driver_enabled": n.gpu_count > 0,
+            "nvidia_driver_fabric_manager": (spec.software.fabric_manager
+                                             if spec.software.fabric_manager is not None else n.nvswitch),
+            "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),
+            "nccl_conf": _nccl_env(cluster, n),
+            "nfs_client_mounts": nfs_by_host.get(n.name, []),
+            "nfs_server_exports": exports_by_host.get(n.name, []),
+            "lustre_client_mounts": lustre_by_host.get(n.name, []),
+            "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["members"]],
+        }
+        if n.name in sm_nodes:
+            s = sm_nodes[n.name]
+            ib = [p for p in n.ports if p.link_layer == "infiniband"]
+            hv["opensm_priority"] = s.priority
+            hv["opensm_device"] = s.device or (ib[0].device if ib else None)
+            hv["opensm_port"] = next((p.port for p in ib if p.device == hv["opensm_device"]), 1)
+            add("opensm", n.name)
+        inv.hostvars[n.name] = hv
+
+    key_file = _spec_relative(cluster, spec.ssh.key)
+    known_hosts = _spec_relative(cluster, spec.ssh.known_hosts)
+    ssh_args = f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} -o ControlMaster=auto " \
+               "-o ControlPersist=60s"
+    repos = spec.repositories
+    engines = (sm.routing_engines if sm and sm.routing_engines else
+               (["ar_updn", "updn"] if sm and sm.adaptive_routing else ["updn"]))
+    allv: dict[str, Any] = {
+        "ansible_user": spec.ssh.user,
+        "ansible_port": spec.ssh.port,
+        "ansible_ssh_common_args": ssh_args,
+        "ansible_python_interpreter": "/usr/bin/python3",
+        "provisioner_cluster": spec.cluster.name,
+        "provisioner_os": spec.cluster.os,
+        "provisioner_os_codename": OS_CODENAMES[spec.cluster.os],
+        "provisioner_fabric_type": spec.fabric.type,
+        "provisioner_fabric_rate_gbps": cluster.fabric_rate_gbps,
+        "vendor_repos_offline": repos.offline,
+        "vendor_repos_cuda": ({"url": repos.cuda.url, "key": _spec_relative(cluster, repos.cuda.key),
+                               "suite": repos.cuda.suite or "/", "components": list(repos.cuda.components)}
+                              if repos.cuda else None),
+        "vendor_repos_doca": ({"url": repos.doca.url, "key": _spec_relative(cluster, repos.doca.key),
+                               "suite": repos.doca.suite or "/", "components": list(repos.doca.components)}
+                              if repos.doca else None),
+        "vendor_repos_os": ({"url": repos.os.url, "key": _spec_relative(cluster, repos.os.key),
+                             "suite": repos.os.suite or OS_CODENAMES[spec.cluster.os],
+                             "components": list(repos.os.components)} if repos.os else None),
+        "nvidia_driver_version": spec.software.driver.version,
+        "nvidia_driver_branch": spec.software.driver.branch,
+        "nvidia_driver_kernel_modules": spec.software.driver.kernel_modules,
+        "cuda_version": spec.software.cuda,
+        "nccl_version": spec.software.nccl,
+        "nccl_tests_version": spec.software.nccl_tests,
+        "doca_ofed_flavor": spec.software.ofed.flavor,
+        "doca_ofed_version": spec.software.ofed.version,
+        "lustre_client_version": spec.software.lustre_client,
+        "opensm_kind": sm.kind if sm else None,
+        "opensm_build": sm.build if sm else None,
+        "opensm_routing_engines": engines,
+        "opensm_adaptive_routing": bool(sm and sm.adaptive_routing),
+        "opensm_handover": bool(sm and sm.handover),
+        "opensm_partitions": partitions,
+        "opensm_default_partition": spec.fabric.default_partition,
+        "provisioner_roce": spec.fabric.roce.model_dump() if spec.fabric.roce else None,
+        "provisioner_verify": spec.verify.model_dump(),
+    }
+    if key_file:
+        allv["ansible_ssh_private_key_file"] = key_file
+    inv.groupvars["all"] = allv
+
+    for g in inv.groups:
+        inv.groups[g] = sorted(set(inv.groups[g]), key=all_hosts.index)
+    inv.groups = dict(sorted(inv.groups.items()))
+    return inv
+
+
+def host_pattern(expr: str) -> list[str]:
+    """Expand a --limit style hostlist (used by the CLI)."""
+    return hostlist.expand(expr)

@@ -1,0 +1,98 @@
+"""Render the inventory files into a state directory, deterministically, with a diff against the last render."""
+
+from __future__ import annotations
+
+import difflib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import jinja2
+import yaml
+
+from provisioner.render.model import Inventory, build_inventory
+from provisioner.spec.cluster import Cluster
+
+_ENV = jinja2.Environment(
+    loader=jinja2.PackageLoader("provisioner.render", "templates"),
+    undefined=jinja2.StrictUndefined, keep_trailing_newline=True, trim_blocks=True, lstrip_blocks=True,
+    autoescape=False,  # noqa: S701 - renders YAML, not HTML; names are pattern-checked by the spec
+)
+
+
+class _Dumper(yaml.SafeDumper):
+    """Block-style YAML with stable key order; never emits anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+    def increase_indent(self, flow: bool = False, indentless: bool = False) -> None:
+        # indent sequences under their key (yamllint's and ansible-lint's default style)
+        super().increase_indent(flow, False)
+
+
+def _dump(header: str, data: dict[str, Any]) -> str:
+    body = yaml.dump(data, Dumper=_Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True, width=120)
+    return f"---\n# {header}\n{body}"
+
+
+def render_files(cluster: Cluster, inv: Inventory | None = None) -> dict[str, str]:
+    """Every file of the rendered inventory, keyed by path relative to the output directory."""
+    inv = inv or build_inventory(cluster)
+    spec_name = os.path.basename(cluster.file)
+    files: dict[str, str] = {}
+    files["hosts.yml"] = _ENV.get_template("hosts.yml.j2").render(
+        spec_file=spec_name, hosts=[n.name for n in cluster.nodes], groups=inv.groups)
+    header = f"Rendered by provisioner from {spec_name} — do not edit"
+    for group, gv in sorted(inv.groupvars.items()):
+        files[f"group_vars/{group}.yml"] = _dump(header, gv)
+    for host, hv in sorted(inv.hostvars.items()):
+        files[f"host_vars/{host}.yml"] = _dump(header, hv)
+    return files
+
+
+@dataclass
+class RenderResult:
+    out_dir: Path
+    written: list[str]
+    removed: list[str]
+    diff: str
+
+
+def default_state_dir(cluster: Cluster) -> Path:
+    return Path(".provision") / cluster.name
+
+
+def render_inventory(cluster: Cluster, out_dir: Path | None = None) -> RenderResult:
+    """Write the inventory under `out_dir/inventory` (default .provision/<cluster>/inventory)."""
+    base = (out_dir or default_state_dir(cluster)) / "inventory"
+    files = render_files(cluster)
+    old: dict[str, str] = {}
+    if base.is_dir():
+        for p in sorted(base.rglob("*.yml")):
+            old[str(p.relative_to(base))] = p.read_text(encoding="utf-8")
+    diff_parts: list[str] = []
+    for rel in sorted(set(old) | set(files)):
+        a, b = old.get(rel, ""), files.get(rel, "")
+        if a != b:
+            diff_parts.extend(difflib.unified_diff(
+                a.splitlines(keepends=True), b.splitlines(keepends=True),
+                fromfile=f"a/{rel}" if rel in old else "/dev/null", tofile=f"b/{rel}" if rel in files else "/dev/null"))
+    written: list[str] = []
+    for rel, content in files.items():
+        if old.get(rel) == content:
+            continue
+        target = base / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(content)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, target)
+        written.append(rel)
+    removed = [rel for rel in old if rel not in files]
+    for rel in removed:
+        (base / rel).unlink()
+    return RenderResult(base, written, removed, "".join(diff_parts))

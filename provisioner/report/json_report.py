@@ -1,0 +1,40 @@
+"""Machine-readable report (``--json``): stable key order so two runs can be diffed line by line."""
+
+from __future__ import annotations
+
+import json
+
+from provisioner.report.model import VerifyReport, fraction, version_mismatches
+
+
+def report_dict(report: VerifyReport) -> dict[str, object]:
+    """The report as plain JSON types; tuple keys of the bandwidth matrix become records."""
+    bandwidth: dict[str, object] = {}
+    for rail in sorted(report.bandwidth):
+        rate = report.line_rate.get(rail)
+        pairs = [
+            {"server": a, "client": b, "gbps": gbps, "fraction_of_line_rate": fraction(gbps, rate)}
+            for (a, b), gbps in sorted(report.bandwidth[rail].items())
+        ]
+        bandwidth[str(rail)] = {"line_rate_gbps": rate, "pairs": pairs}
+    return {
+        "cluster": report.cluster,
+        "started": report.started.isoformat(),
+        "finished": report.finished.isoformat(),
+        "duration_s": report.duration_s,
+        "verdict": report.verdict.to_dict(),
+        "checks": [c.to_dict() for c in sorted(report.checks, key=lambda c: (c.name, c.node or ""))],
+        "findings": [f.to_dict() for f in report.findings()],
+        "bandwidth": bandwidth,
+        "versions": {n: dict(sorted(report.versions[n].items())) for n in sorted(report.versions)},
+        "version_mismatches": [
+            {"node": n, "component": c, "observed": got, "expected": want}
+            for n, c, got, want in version_mismatches(report.versions)
+        ],
+        "notes": list(report.notes),
+    }
+
+
+def to_json(report: VerifyReport) -> str:
+    """JSON text with sorted keys and a trailing newline."""
+    return json.dumps(report_dict(report), sort_keys=True, indent=2, ensure_ascii=False) + "\n"

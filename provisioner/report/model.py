@@ -1,0 +1,98 @@
+"""The one object every report format renders: what a verification run found and measured.
+
+Renderers are pure functions of a :class:`VerifyReport`, so the JSON, the JUnit XML and the HTML page can
+never disagree about a number.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from provisioner.fabric.findings import CheckResult, Finding, Verdict
+
+#: Bandwidth per rail: ``{rail: {(server, client): gbps}}``.
+BandwidthMatrix = Mapping[int, Mapping[tuple[str, str], float]]
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+
+
+@dataclass(frozen=True, slots=True)
+class VerifyReport:
+    """Everything one ``provision verify`` run produced.
+
+    ``line_rate`` is the expected per-port rate per rail (Gb/s) from the spec; bandwidth figures are shown as
+    a fraction of it. ``versions`` is ``{node: {component: version}}`` as observed on each node.
+    """
+
+    cluster: str
+    started: datetime
+    finished: datetime
+    checks: tuple[CheckResult, ...]
+    bandwidth: BandwidthMatrix = field(default_factory=dict)
+    line_rate: Mapping[int, float] = field(default_factory=dict)
+    versions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.of(self.checks)
+
+    @property
+    def duration_s(self) -> float:
+        return (self.finished - self.started).total_seconds()
+
+    def findings(self) -> list[Finding]:
+        """All findings, most severe first, then by node, rail and check (the order people read them in)."""
+        every = [f for c in self.checks for f in c.findings]
+        return sorted(
+            every,
+            key=lambda f: (
+                SEVERITY_ORDER[f.severity],
+                f.node or "",
+                -1 if f.rail is None else f.rail,
+                f.check,
+                f.device or "",
+                -1 if f.port is None else f.port,
+                f.peer or "",
+                f.message,
+            ),
+        )
+
+    def rail_nodes(self, rail: int) -> list[str]:
+        """Nodes that appear in the bandwidth matrix of one rail, sorted."""
+        return sorted({n for pair in self.bandwidth.get(rail, {}) for n in pair})
+
+
+def fraction(gbps: float, line_rate: float | None) -> float | None:
+    """Measured bandwidth as a fraction of line rate; None when no line rate is known."""
+    if not line_rate or line_rate <= 0:
+        return None
+    return gbps / line_rate
+
+
+def expected_versions(versions: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    """The most common version of each component across nodes (ties: the lexically greatest version).
+
+    The spec pins versions too, but this table is about drift between nodes: the odd one out is what an
+    operator looks for after a node swap.
+    """
+    counts: dict[str, Counter[str]] = {}
+    for comps in versions.values():
+        for comp, ver in comps.items():
+            counts.setdefault(comp, Counter())[ver] += 1
+    return {comp: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for comp, c in sorted(counts.items())}
+
+
+def version_mismatches(versions: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, str | None, str]]:
+    """``(node, component, observed or None if missing, expected)`` for every cell that differs."""
+    expected = expected_versions(versions)
+    out: list[tuple[str, str, str | None, str]] = []
+    for node in sorted(versions):
+        for comp, want in expected.items():
+            got = versions[node].get(comp)
+            if got != want:
+                out.append((node, comp, got, want))
+    return out

@@ -1,0 +1,96 @@
+"""The expanded cluster: every node, port, switch and cable spelled out, derived once from the Spec.
+
+Downstream code (rendering, the lab, verification) reads this, never the raw hostlist expressions.
+Each entity keeps `path`, the place in the YAML it came from, so rules can point at the right line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from provisioner.spec.models import Spec
+from provisioner.spec.yamlload import Path
+
+
+@dataclass(frozen=True)
+class Port:
+    device: str
+    port: int
+    rate_gbps: float
+    width: str
+    link_layer: str
+    rail: int | None
+    gpu: int | None
+    numa: int | None
+    netdev: str | None
+    pci: str | None
+    purpose: str
+    path: Path = ()
+
+
+@dataclass(frozen=True)
+class Node:
+    name: str
+    address: str
+    profile: str
+    roles: tuple[str, ...]
+    ports: tuple[Port, ...]
+    gpu_model: str | None
+    gpu_count: int
+    nvswitch: bool
+    guids: dict[str, str]
+    path: Path = ()
+
+    @property
+    def rail_ports(self) -> tuple[Port, ...]:
+        return tuple(p for p in self.ports if p.purpose == "rail")
+
+
+@dataclass(frozen=True)
+class SwitchX:
+    name: str
+    address: str | None
+    tier: str
+    ports: int
+    uplinks: int
+    uplink_rate_gbps: float
+    device_type: str | None
+    embedded_sm: bool
+    path: Path = ()
+
+
+@dataclass(frozen=True)
+class CableX:
+    node: str
+    device: str
+    switch: str
+    switch_port: int
+    path: Path = ()
+
+
+@dataclass
+class Cluster:
+    """The spec expanded. Built by `provisioner.spec.load.load_spec`; never from node observations."""
+
+    spec: Spec
+    file: str
+    nodes: list[Node] = field(default_factory=list)
+    switches: list[SwitchX] = field(default_factory=list)
+    cables: list[CableX] = field(default_factory=list)
+    fabric_rate_gbps: float = 0.0
+
+    @property
+    def name(self) -> str:
+        return self.spec.cluster.name
+
+    def node(self, name: str) -> Node:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    def nodes_with_role(self, role: str) -> list[Node]:
+        return [n for n in self.nodes if role in n.roles]
+
+    def rails(self) -> list[int]:
+        return sorted({p.rail for n in self.nodes for p in n.rail_ports if p.rail is not None})

@@ -1,0 +1,437 @@
+"""Read a cluster.yaml into an expanded Cluster, collecting every problem with its file:line:col.
+
+Stages, each adding diagnostics and never stopping at the first problem: YAML (syntax, duplicate keys) →
+schema (pydantic, unknown keys with "did you mean") → expansion (hostlists, references, duplicates) →
+design rules (provisioner.spec.rules). Only a file that cannot be read at all is an exception.
+"""
+
+from __future__ import annotations
+
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path as FsPath
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from provisioner.errors import SpecInvalid, UsageError
+from provisioner.spec import hostlist
+from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
+from provisioner.spec.cluster import CableX, Cluster, Node, Port, SwitchX
+from provisioner.spec.diagnostics import Diagnostic, Severity
+from provisioner.spec.models import Spec
+from provisioner.spec.yamlload import Located, Path, load_yaml
+
+MAX_SPEC_BYTES = 16 * 1024 * 1024
+
+
+@dataclass
+class LoadResult:
+    cluster: Cluster | None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+
+    @property
+    def errors(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "error"]
+
+    @property
+    def warnings(self) -> list[Diagnostic]:
+        return [d for d in self.diagnostics if d.severity == "warning"]
+
+
+class _Report:
+    """Collects diagnostics against one located document."""
+
+    def __init__(self, located: Located | None, file: str) -> None:
+        self.located = located
+        self.file = file
+        self.items: list[Diagnostic] = []
+
+    def add(self, path: Path, rule: str, message: str, hint: str = "", *,
+            severity: Severity = "error", key: bool = False) -> None:
+        if self.located is None:
+            line, col = 1, 1
+        else:
+            m = self.located.mark(path, key=key)
+            line, col = m.line, m.col
+        self.items.append(Diagnostic(self.file, line, col, rule, severity, message, hint))
+
+
+def rate_gbps(value: int | str) -> float:
+    """A rate given as Gb/s or by name (NDR) in Gb/s."""
+    return float(RATE_NAMES[value]) if isinstance(value, str) else float(value)
+
+
+# --- schema errors ---------------------------------------------------------------------------------------------
+def _unwrap(annotation: Any) -> list[Any]:
+    """The model classes an annotation can hold (through Optional, list, dict, Annotated)."""
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _unwrap(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType, list, dict, tuple):
+        out: list[Any] = []
+        for arg in typing.get_args(annotation):
+            out.extend(_unwrap(arg))
+        return out
+    return [annotation]
+
+
+def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class that holds the field at `loc` (loc ends with that field's name)."""
+    current: type[BaseModel] = Spec
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        finfo = current.model_fields.get(str(part))
+        if finfo is None:
+            # a dict key (profile name): stay on the dict's value type found before
+            continue
+        candidates = [c for c in _unwrap(finfo.annotation) if isinstance(c, type) and issubclass(c, BaseModel)]
+        if not candidates:
+            return None
+        current = candidates[0]
+    return current
+
+
+def _schema_diagnostics(exc: ValidationError, rep: _Report) -> None:
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
+        # pydantic adds union member names (e.g. 'int', "literal['SDR',...]") to loc; drop what the data lacks
+        data_loc: list[str | int] = []
+        node: Any = rep.located.data if rep.located else None
+        for part in loc:
+            in_dict = isinstance(node, dict) and part in node
+            in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
+            if in_dict or in_list:
+                data_loc.append(part)
+                node = node[part]
+            elif err["type"] in ("missing", "extra_forbidden") and part == loc[-1]:
+                data_loc.append(part)
+        path = tuple(data_loc)
+        where = ".".join(str(p) for p in path) or "(top)"
+        kind = err["type"]
+        if kind == "extra_forbidden":
+            key = str(path[-1]) if path else "?"
+            model = _model_at(path)
+            known = sorted(model.model_fields) if model else []
+            if key.lower() in {"password", "secret", "passwd", "token", "api_key"}:
+                rep.add(path, "SPEC-SECRET-INLINE", f"secret '{key}' written in the spec at {where}",
+                        "credentials come from a file or ansible-vault: credentials: {file: path}", key=True)
+                continue
+            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
+            hint = f"did you mean '{close[0]}'?" if close else (
+                f"known keys here: {', '.join(known)}" if known else "remove it")
+            rep.add(path, "SPEC-UNKNOWN-KEY", f"unknown key '{key}'", hint, key=True)
+        elif kind == "missing":
+            parent = ".".join(str(p) for p in path[:-1]) or "the spec"
+            rep.add(path[:-1] if path else path, "SPEC-MISSING",
+                    f"'{path[-1] if path else '?'}' is required in {parent}", "add it (see examples/)")
+        else:
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            if kind == "string_pattern_mismatch":
+                msg = f"value {err.get('input')!r} is not allowed here"
+                hint = f"it must match {err.get('ctx', {}).get('pattern', '')} (values reach command lines)"
+            elif kind.startswith("literal_error"):
+                hint = str(err.get("ctx", {}).get("expected", ""))
+                hint = f"expected {hint}" if hint else ""
+            else:
+                hint = ""
+            rep.add(path, "SPEC-SCHEMA", f"{where}: {msg}", hint)
+
+
+# --- expansion -------------------------------------------------------------------------------------------------
+def _expand(spec: Spec, rep: _Report) -> Cluster:
+    cluster = Cluster(spec=spec, file=rep.file, fabric_rate_gbps=rate_gbps(spec.fabric.rate))
+    default_ll = "ethernet" if spec.fabric.type in ("roce", "ethernet") else "infiniband"
+
+    profiles_ports: dict[str, list[Port]] = {}
+    for pname, prof in spec.profiles.items():
+        ports: list[Port] = []
+        next_rail = 0
+        for hi, hca in enumerate(prof.hcas):
+            path: Path = ("profiles", pname, "hcas", hi)
+            try:
+                devices = hostlist.expand(hca.device)
+            except hostlist.HostlistError as exc:
+                rep.add((*path, "device"), "SPEC-HOSTLIST", str(exc), "write e.g. mlx5_[0-7]")
+                continue
+            for di, dev in enumerate(devices):
+                many = len(devices) > 1
+                rail = hca.rail + di if hca.rail is not None else (next_rail if hca.purpose == "rail" else None)
+                gpu = (hca.gpu + di if hca.gpu is not None else
+                       (rail if (prof.gpu and hca.purpose == "rail" and rail is not None
+                                 and rail < prof.gpu.count) else None))
+                ports.append(Port(
+                    device=dev, port=hca.port,
+                    rate_gbps=rate_gbps(hca.rate) if hca.rate is not None else cluster.fabric_rate_gbps,
+                    width=hca.width, link_layer=hca.link_layer or default_ll, rail=rail, gpu=gpu,
+                    numa=hca.numa, netdev=None if many else hca.netdev, pci=None if many else hca.pci,
+                    purpose=hca.purpose, path=path))
+                if hca.purpose == "rail" and rail is not None:
+                    next_rail = rail + 1
+        seen: dict[tuple[str, int], Port] = {}
+        for p in ports:
+            if (p.device, p.port) in seen:
+                rep.add(p.path, "SPEC-DUP-DEVICE", f"profile '{pname}' lists {p.device} port {p.port} twice",
+                        "each device/port once")
+            seen[(p.device, p.port)] = p
+        rails: dict[int, Port] = {}
+        for p in ports:
+            if p.rail is not None and p.purpose == "rail":
+                if p.rail in rails:
+                    rep.add(p.path, "SPEC-DUP-RAIL",
+                            f"profile '{pname}': {p.device} and {rails[p.rail].device} are both on rail {p.rail}",
+                            "give each rail HCA its own rail index")
+                rails[p.rail] = p
+            if prof.gpu and p.gpu is not None and p.gpu >= prof.gpu.count:
+                rep.add((*p.path, "gpu"), "SPEC-HCA-GPU",
+                        f"{p.device} serves GPU {p.gpu} but profile '{pname}' has {prof.gpu.count} GPUs",
+                        "GPU indexes start at 0")
+        if prof.gpu and prof.gpu.model not in GPU_MODELS:
+            import difflib as _d
+            close = _d.get_close_matches(prof.gpu.model, list(GPU_MODELS), n=1, cutoff=0.5)
+            rep.add(("profiles", pname, "gpu", "model"), "SPEC-GPU-MODEL",
+                    f"unknown GPU model '{prof.gpu.model}'",
+                    f"did you mean '{close[0]}'?" if close else f"known: {', '.join(GPU_MODELS)}")
+        profiles_ports[pname] = ports
+
+    names_seen: dict[str, Path] = {}
+    addrs_seen: dict[str, Path] = {}
+    guids_seen: dict[str, Path] = {}
+    for gi, group in enumerate(spec.nodes):
+        path = ("nodes", gi)
+        try:
+            names = hostlist.expand(group.name)
+        except hostlist.HostlistError as exc:
+            rep.add((*path, "name"), "SPEC-HOSTLIST", str(exc), "write e.g. gpu[001-128]")
+            continue
+        try:
+            addrs = hostlist.expand(group.address)
+        except hostlist.HostlistError as exc:
+            rep.add((*path, "address"), "SPEC-HOSTLIST", str(exc), "write e.g. 10.0.0.[11-138]")
+            continue
+        if len(names) != len(addrs):
+            rep.add((*path, "address"), "SPEC-RANGE-LENGTH",
+                    f"{len(names)} names but {len(addrs)} addresses",
+                    "name and address ranges expand in step: make them the same length")
+            continue
+        if group.profile not in spec.profiles:
+            close = difflib.get_close_matches(group.profile, list(spec.profiles), n=1)
+            rep.add((*path, "profile"), "SPEC-UNDEFINED-PROFILE", f"profile '{group.profile}' is not defined",
+                    f"did you mean '{close[0]}'?" if close else "define it under profiles:")
+            continue
+        if group.guids and len(names) > 1:
+            rep.add((*path, "guids"), "SPEC-GUIDS-RANGE", "guids can only be given for a single node",
+                    "split the node out of the range")
+        prof = spec.profiles[group.profile]
+        for name, addr in zip(names, addrs, strict=True):
+            bad_name = not _valid_hostname(name)
+            if bad_name:
+                rep.add((*path, "name"), "SPEC-HOSTNAME", f"'{name}' is not a valid host name",
+                        "lowercase letters, digits and '-'")
+                continue
+            if not _valid_ipv4(addr):
+                rep.add((*path, "address"), "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
+                        "write a dotted quad such as 10.0.0.11")
+                continue
+            if name in names_seen:
+                rep.add((*path, "name"), "SPEC-DUP-HOST", f"host '{name}' is defined twice",
+                        f"first at line {_line(rep, names_seen[name])}")
+                continue
+            if addr in addrs_seen:
+                rep.add((*path, "address"), "SPEC-DUP-ADDRESS", f"address {addr} ({name}) is used twice",
+                        f"first at line {_line(rep, addrs_seen[addr])}")
+            names_seen[name] = (*path, "name")
+            addrs_seen[addr] = (*path, "address")
+            guids = {k: v.lower() for k, v in (group.guids or {}).items()}
+            for dev, guid in guids.items():
+                if guid in guids_seen:
+                    rep.add((*path, "guids", dev), "SPEC-DUP-GUID", f"GUID {guid} is given twice",
+                            f"first at line {_line(rep, guids_seen[guid])}")
+                guids_seen[guid] = (*path, "guids", dev)
+                if dev not in {p.device for p in profiles_ports[group.profile]}:
+                    rep.add((*path, "guids", dev), "SPEC-UNDEFINED-DEVICE",
+                            f"{dev} is not a device of profile '{group.profile}'", "use a device the profile lists")
+            cluster.nodes.append(Node(
+                name=name, address=addr, profile=group.profile, roles=tuple(group.roles),
+                ports=tuple(profiles_ports[group.profile]),
+                gpu_model=prof.gpu.model if prof.gpu else None, gpu_count=prof.gpu.count if prof.gpu else 0,
+                nvswitch=bool(prof.gpu and prof.gpu.nvswitch), guids=guids, path=path))
+
+    sw_seen: dict[str, Path] = {}
+    for si, sw in enumerate(spec.switches):
+        path = ("switches", si)
+        try:
+            names = hostlist.expand(sw.name)
+            sw_addrs: list[str | None] = list(hostlist.expand(sw.address)) if sw.address else [None] * len(names)
+        except hostlist.HostlistError as exc:
+            rep.add(path, "SPEC-HOSTLIST", str(exc), "write e.g. leaf[01-04]")
+            continue
+        if len(sw_addrs) != len(names):
+            rep.add((*path, "address"), "SPEC-RANGE-LENGTH", f"{len(names)} names but {len(sw_addrs)} addresses",
+                    "make the ranges the same length")
+            continue
+        for name, sw_addr in zip(names, sw_addrs, strict=True):
+            if not _valid_hostname(name):
+                rep.add((*path, "name"), "SPEC-HOSTNAME", f"'{name}' is not a valid switch name",
+                        "lowercase letters, digits and '-'")
+                continue
+            if name in sw_seen or name in names_seen:
+                rep.add((*path, "name"), "SPEC-DUP-HOST", f"name '{name}' is used twice", "names are unique")
+                continue
+            if sw_addr is not None:
+                if not _valid_ipv4(sw_addr):
+                    rep.add((*path, "address"), "SPEC-ADDRESS", f"'{sw_addr}' is not an IPv4 address", "")
+                elif sw_addr in addrs_seen:
+                    rep.add((*path, "address"), "SPEC-DUP-ADDRESS", f"address {sw_addr} ({name}) is used twice",
+                            f"first at line {_line(rep, addrs_seen[sw_addr])}")
+                addrs_seen.setdefault(sw_addr, (*path, "address"))
+            sw_seen[name] = path
+            cluster.switches.append(SwitchX(
+                name=name, address=sw_addr, tier=sw.tier, ports=sw.ports, uplinks=sw.uplinks,
+                uplink_rate_gbps=rate_gbps(sw.uplink_rate) if sw.uplink_rate is not None else cluster.fabric_rate_gbps,
+                device_type=sw.device_type, embedded_sm=sw.embedded_sm, path=path))
+
+    node_by_name = {n.name: n for n in cluster.nodes}
+    switch_by_name = {s.name: s for s in cluster.switches}
+    used_ports: dict[tuple[str, int], Path] = {}
+    for ci, cab in enumerate(spec.fabric.topology.cabling):
+        path = ("fabric", "topology", "cabling", ci)
+        try:
+            cnodes = hostlist.expand(cab.nodes)
+            body = cab.ports if cab.ports.startswith("[") else f"[{cab.ports}]"
+            cports = [int(p) for p in hostlist.expand(body)]
+        except (hostlist.HostlistError, ValueError) as exc:
+            rep.add(path, "SPEC-HOSTLIST", str(exc), "write nodes: gpu[01-16], ports: 1-16")
+            continue
+        if len(cnodes) != len(cports):
+            rep.add((*path, "ports"), "SPEC-RANGE-LENGTH", f"{len(cnodes)} nodes but {len(cports)} switch ports",
+                    "one switch port per node")
+            continue
+        if cab.switch not in switch_by_name:
+            close = difflib.get_close_matches(cab.switch, list(switch_by_name), n=1)
+            rep.add((*path, "switch"), "SPEC-UNDEFINED-SWITCH", f"switch '{cab.switch}' is not defined",
+                    f"did you mean '{close[0]}'?" if close else "define it under switches:")
+            continue
+        leaf = switch_by_name[cab.switch]
+        for nname, sport in zip(cnodes, cports, strict=True):
+            if nname not in node_by_name:
+                rep.add((*path, "nodes"), "SPEC-UNDEFINED-NODE", f"node '{nname}' is not defined",
+                        "cable only nodes listed under nodes:")
+                continue
+            if cab.hca not in {p.device for p in node_by_name[nname].ports}:
+                rep.add((*path, "hca"), "SPEC-UNDEFINED-DEVICE",
+                        f"{nname} has no device {cab.hca} in its profile", "use a device of the profile")
+                continue
+            if sport > leaf.ports:
+                rep.add((*path, "ports"), "SPEC-SWITCH-PORT", f"{leaf.name} has {leaf.ports} ports, not {sport}",
+                        "check the port numbers")
+                continue
+            if (leaf.name, sport) in used_ports:
+                rep.add((*path, "ports"), "SPEC-DUP-CABLE", f"{leaf.name} port {sport} is cabled twice",
+                        f"first at line {_line(rep, used_ports[(leaf.name, sport)])}")
+                continue
+            used_ports[(leaf.name, sport)] = (*path, "ports")
+            cluster.cables.append(CableX(nname, cab.hca, leaf.name, sport, path))
+    return cluster
+
+
+def _line(rep: _Report, path: Path) -> int:
+    return rep.located.mark(path).line if rep.located else 0
+
+
+def _valid_hostname(name: str) -> bool:
+    import re
+
+    return re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name) is not None
+
+
+def _valid_ipv4(addr: str) -> bool:
+    parts = addr.split(".")
+    return len(parts) == 4 and all(p.isdigit() and len(p) <= 3 and int(p) <= 255 for p in parts)
+
+
+# --- overlay ---------------------------------------------------------------------------------------------------
+def _deep_merge(base: Any, over: Any) -> Any:
+    if isinstance(base, dict) and isinstance(over, dict):
+        out = dict(base)
+        for k, v in over.items():
+            out[k] = _deep_merge(base.get(k), v) if k in base else v
+        return out
+    return over
+
+
+# --- entry points ----------------------------------------------------------------------------------------------
+def read_spec_text(path: str | FsPath) -> str:
+    p = FsPath(path)
+    if not p.exists():
+        raise UsageError(f"{p}: no such file", hint="give the path of your cluster.yaml")
+    if p.is_dir():
+        raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml")
+    data = p.read_bytes()
+    if len(data) > MAX_SPEC_BYTES:
+        raise UsageError(f"{p}: {len(data)} bytes is too large for a cluster spec")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", hint="save the spec as UTF-8") from None
+
+
+def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> LoadResult:
+    """Validate spec `text` (named `file` in diagnostics); never raises for bad content."""
+    located, problems = load_yaml(text, file)
+    rep = _Report(located, file)
+    for pr in problems:
+        rep.items.append(Diagnostic(file, pr.mark.line, pr.mark.col, pr.rule, "error", pr.message, pr.hint))
+    if located is None:
+        return LoadResult(None, rep.items)
+    if not isinstance(located.data, dict):
+        rep.add((), "SPEC-SCHEMA", "the spec must be a mapping with cluster:, software:, profiles:, nodes:, fabric:",
+                "start from one of the files in examples/")
+        return LoadResult(None, rep.items)
+    data = located.data
+    addresses: dict[str, str] = {}
+    if overlay:
+        addresses = dict(overlay.get("addresses") or {})
+        rest = {k: v for k, v in overlay.items() if k != "addresses"}
+        data = _deep_merge(data, rest)
+    try:
+        spec = Spec.model_validate(data)
+    except ValidationError as exc:
+        _schema_diagnostics(exc, rep)
+        return LoadResult(None, sorted(set(rep.items), key=_order))
+    cluster = _expand(spec, rep)
+    if addresses:
+        from dataclasses import replace
+
+        cluster.nodes = [replace(n, address=addresses.get(n.name, n.address)) for n in cluster.nodes]
+    from provisioner.spec.rules import run_rules
+
+    run_rules(cluster, rep)
+    return LoadResult(cluster, sorted(set(rep.items), key=_order))
+
+
+def _order(d: Diagnostic) -> tuple[int, int, str, str]:
+    return (d.line, d.col, d.rule, d.message)
+
+
+def load_spec(path: str | FsPath, overlay: str | FsPath | None = None) -> LoadResult:
+    """Read and validate the spec file at `path` (and an optional overlay such as the lab's)."""
+    text = read_spec_text(path)
+    over: dict[str, Any] | None = None
+    if overlay is not None:
+        loc, probs = load_yaml(read_spec_text(overlay), str(overlay))
+        if probs or loc is None or not isinstance(loc.data, dict):
+            raise UsageError(f"{overlay}: not a valid overlay file")
+        over = loc.data
+    return load_text(text, str(path), over)
+
+
+def load_cluster(path: str | FsPath, overlay: str | FsPath | None = None) -> tuple[Cluster, list[Diagnostic]]:
+    """Like load_spec, but raise SpecInvalid when there is any error; returns the cluster and its warnings."""
+    res = load_spec(path, overlay)
+    if res.errors or res.cluster is None:
+        raise SpecInvalid(list(res.diagnostics))
+    return res.cluster, res.warnings

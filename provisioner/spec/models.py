@@ -1,0 +1,325 @@
+"""The cluster spec as an operator writes it (`cluster.yaml`), as pydantic models.
+
+Field names are the YAML keys. Every string that can reach a command line on a node is constrained by a strict
+pattern here, so nothing downstream needs to quote defensively. Defaults are what an experienced operator would
+pick, so the common case stays short (see examples/).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+
+# --- constrained strings ---------------------------------------------------------------------------------------
+HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+HostlistExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9\[\],._-]*$", max_length=512)]
+ClusterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
+ProfileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
+DeviceExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(\[[0-9,-]+\])?$", max_length=40)]
+NetDev = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
+UnixUser = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
+LocalPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/~@+-]+$", max_length=1024)]
+AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024)]
+Version = Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+~-]{0,63}$")]
+Url = Annotated[
+    str, StringConstraints(pattern=r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~/%+-]*)?$")
+]
+Guid = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{16}$")]
+PciAddr = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
+MountOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$")]
+ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$")]
+LnetNet = Annotated[str, StringConstraints(pattern=r"^(o2ib|tcp)[0-9]{0,2}(\([A-Za-z0-9_.-]{1,15}\))?$")]
+Nid = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}@(o2ib|tcp)[0-9]{0,2}$")]
+FsName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,8}$")]
+ClientSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9*.\[\],/_-]{1,256}$")]
+
+Role = Literal["compute", "login", "subnet_manager", "nfs_server", "storage", "management"]
+RateValue = int | Literal["SDR", "DDR", "QDR", "FDR", "EDR", "HDR100", "HDR", "NDR200", "NDR", "XDR"]
+
+
+class Strict(BaseModel):
+    """Every spec model rejects keys it does not know (the loader turns that into a "did you mean")."""
+
+    model_config = ConfigDict(extra="forbid", strict=False, validate_default=True)
+
+
+# --- cluster, ssh ----------------------------------------------------------------------------------------------
+class ClusterMeta(Strict):
+    name: ClusterName = Field(description="Short cluster name; names the state directory and lab containers.")
+    os: Literal["ubuntu-22.04", "ubuntu-24.04", "debian-12"] = Field(
+        description="The OS every node runs; selects package names and repository paths.")
+
+
+class Ssh(Strict):
+    user: UnixUser = Field("root", description="Login user on the nodes (root or a sudoer).")
+    key: LocalPath | None = Field(None, description="Private key file on the control node; the agent if unset.")
+    known_hosts: LocalPath = Field(
+        "known_hosts", description="known_hosts file the run trusts (relative to the spec). Host keys are never "
+        "accepted automatically.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port on every node.")
+
+
+# --- hardware profiles -----------------------------------------------------------------------------------------
+class Gpu(Strict):
+    model: str = Field(description="GPU model, e.g. H100-SXM5-80GB (see the catalog in the README).")
+    count: int = Field(ge=0, le=16, description="GPUs per node.")
+    nvswitch: bool = Field(False, description="True on HGX/DGX boards with NVSwitch (needs fabric manager).")
+
+
+class Hca(Strict):
+    device: DeviceExpr = Field(description="RDMA device name (mlx5_0), or a range mlx5_[0-7] for one rail each.")
+    port: int = Field(1, ge=1, le=2, description="HCA port number.")
+    rate: RateValue | None = Field(None, description="Expected rate in Gb/s or by name (NDR); the fabric's if unset.")
+    width: Literal["1X", "2X", "4X", "8X"] = Field("4X", description="Expected link width.")
+    link_layer: Literal["infiniband", "ethernet"] | None = Field(None, description="The fabric's if unset.")
+    rail: int | None = Field(None, ge=0, le=31, description="Rail index (HCA i of every node forms rail i).")
+    gpu: int | None = Field(None, ge=0, le=15, description="GPU index this HCA serves (nearest on PCIe).")
+    numa: int | None = Field(None, ge=0, le=15, description="NUMA node of the HCA.")
+    netdev: NetDev | None = Field(None, description="IPoIB/RoCE netdev name, e.g. ibp24s0.")
+    pci: PciAddr | None = Field(None, description="PCI address, checked by preflight when given.")
+    purpose: Literal["rail", "storage"] = Field("rail", description="Compute rail or storage/management port.")
+
+
+class Profile(Strict):
+    gpu: Gpu | None = Field(None, description="GPUs of this node type; none for service nodes.")
+    hcas: list[Hca] = Field(default_factory=list, description="InfiniBand/RoCE ports of this node type.")
+    management_interface: NetDev | None = Field(None, description="Netdev of the management network.")
+    storage_interface: NetDev | None = Field(None, description="Netdev used for NFS over TCP, if not management.")
+    nccl_topology_file: LocalPath | None = Field(None, description="NCCL topology XML to install (NCCL_TOPO_FILE).")
+
+
+class NodeGroup(Strict):
+    name: HostlistExpr = Field(description="Host name or range, e.g. gpu[001-128].")
+    address: HostlistExpr = Field(description="Management address or range, expanded in step with name.")
+    profile: ProfileName = Field(description="Name of a profile under `profiles`.")
+    roles: list[Role] = Field(default_factory=lambda: list[Role](["compute"]), description="What the nodes do.")
+    guids: dict[str, Guid] | None = Field(None, description="Known port GUIDs by device (single node only).")
+
+
+# --- software and repositories ---------------------------------------------------------------------------------
+class Driver(Strict):
+    version: Version = Field(description="Full driver version, e.g. 550.90.07; the branch is its first part.")
+    kernel_modules: Literal["open", "proprietary"] = Field("open", description="Open or proprietary modules.")
+
+    @property
+    def branch(self) -> str:
+        return self.version.split(".")[0]
+
+
+class Ofed(Strict):
+    flavor: Literal["doca", "mlnx_ofed", "inbox"] = Field("doca", description="DOCA-OFED, MLNX_OFED or the OS's.")
+    version: Version | None = Field(None, description="Pinned version (ofed_info -s); required unless inbox.")
+
+
+class Software(Strict):
+    driver: Driver = Field(description="NVIDIA driver version and kernel module flavour.")
+    cuda: Version = Field(description="CUDA toolkit version, e.g. \"12.4.1\" (quote it).")
+    nccl: Version = Field(description="NCCL version, e.g. \"2.21.5\".")
+    ofed: Ofed = Field(default_factory=lambda: Ofed(flavor="inbox"), description="RDMA stack (DOCA-OFED/MLNX_OFED).")
+    fabric_manager: bool | None = Field(None, description="Install nvidia-fabricmanager; default: on NVSwitch nodes.")
+    nccl_tests: Version = Field("2.13.10", description="nccl-tests version used by verification.")
+    lustre_client: Version | None = Field(None, description="Lustre client version, when Lustre mounts exist.")
+
+    @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", mode="before")
+    @classmethod
+    def _no_float_versions(cls, v: object) -> object:
+        if isinstance(v, float | int) and not isinstance(v, bool):
+            raise ValueError(f"write the version as a quoted string (\"{v}\"): YAML reads it as a number")
+        return v
+
+
+class Repo(Strict):
+    url: Url = Field(description="Mirror URL of the repository (http, https or file).")
+    key: LocalPath = Field(description="GPG public key file on the control node (for apt signed-by).")
+    suite: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/-]{1,64}$")] | None = Field(
+        None, description="Suite/distribution; derived from the OS when unset.")
+    components: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._-]{1,32}$")]] = Field(
+        default_factory=lambda: ["main"], description="Components (flat repositories: [])")
+
+
+class Repositories(Strict):
+    offline: bool = Field(True, description="Air-gapped: install only from the mirrors below, never the internet.")
+    cuda: Repo | None = Field(None, description="NVIDIA CUDA repository (driver, CUDA, NCCL, fabric manager).")
+    doca: Repo | None = Field(None, description="DOCA-OFED/MLNX_OFED repository.")
+    os: Repo | None = Field(None, description="Site mirror of the OS repositories, if any.")
+
+
+# --- switches --------------------------------------------------------------------------------------------------
+class Credentials(Strict):
+    file: LocalPath | None = Field(None, description="YAML file with username/password (mode 0600).")
+    vault: LocalPath | None = Field(None, description="ansible-vault encrypted YAML with username/password.")
+    vault_password_file: LocalPath | None = Field(None, description="File holding the vault password.")
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Credentials:
+        if (self.file is None) == (self.vault is None):
+            raise ValueError("give exactly one of `file` or `vault`")
+        return self
+
+
+class Switch(Strict):
+    name: HostlistExpr = Field(description="Switch name or range, e.g. leaf[01-04].")
+    address: HostlistExpr | None = Field(None, description="Management address or range (managed switches).")
+    tier: Literal["leaf", "spine", "core"] = Field("leaf", description="Fat-tree tier.")
+    ports: int = Field(64, ge=1, le=256, description="Port count (NDR QM9700: 64).")
+    uplinks: int = Field(0, ge=0, le=256, description="Ports going up a tier (leaves: to spines).")
+    uplink_rate: RateValue | None = Field(None, description="Uplink rate; the fabric's if unset.")
+    device_type: Literal["mellanox_mlnxos", "cumulus_linux", "nvidia_nvue", "dell_sonic"] | None = Field(
+        None, description="netmiko device type; unset for unmanaged switches.")
+    credentials: Credentials | None = Field(None, description="Where login credentials come from (never inline).")
+    embedded_sm: bool = Field(False, description="Whether the switch's own SM is (to be) enabled.")
+
+
+# --- fabric ----------------------------------------------------------------------------------------------------
+class Cable(Strict):
+    nodes: HostlistExpr = Field(description="Nodes whose `hca` port is cabled, in order.")
+    hca: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")] = Field(description="Device, e.g. mlx5_0.")
+    switch: HostName = Field(description="Switch the ports land on.")
+    ports: Annotated[str, StringConstraints(pattern=r"^\[?[0-9][0-9,-]*\]?$")] = Field(
+        description="Switch ports in the same order as nodes, e.g. 1-16.")
+
+
+class Topology(Strict):
+    kind: Literal["single_switch", "fat_tree", "rail_optimized"] = Field("fat_tree")
+    cabling: list[Cable] = Field(default_factory=list, description="Which node port goes to which switch port.")
+
+
+class SmNode(Strict):
+    node: HostName
+    priority: int = Field(ge=0, le=15, description="sm_priority: the highest becomes master.")
+    device: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")] | None = Field(
+        None, description="Device whose port the SM binds to; the node's first HCA if unset.")
+
+
+class SubnetManager(Strict):
+    kind: Literal["opensm", "switch", "ufm"] = Field("opensm", description="Host opensm, switch-embedded SM or UFM.")
+    build: Literal["nvidia", "upstream"] = Field(
+        "nvidia", description="NVIDIA's opensm (DOCA/MLNX_OFED, has ar_* engines) or the distribution's.")
+    nodes: list[SmNode] = Field(default_factory=list, description="Host SMs and their priorities.")
+    switch: HostName | None = Field(None, description="Switch running the SM when kind is switch.")
+    routing_engines: list[Annotated[str, StringConstraints(pattern=r"^[a-z_0-9]{2,16}$")]] | None = Field(
+        None, description="routing_engine fallback list; ar_updn,updn with adaptive routing, else updn.")
+    adaptive_routing: bool = Field(False, description="Enable adaptive routing (ar_* engines).")
+    handover: bool = Field(False, description="A returning higher-priority SM takes mastership back.")
+
+
+class Partition(Strict):
+    name: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]
+    pkey: int = Field(ge=0x0001, le=0xFFFF, description="P_Key, e.g. 0x8001 (0x8000 bit: full member).")
+    members: HostlistExpr = Field(description="Member nodes (hostlist).")
+    membership: Literal["full", "limited"] | None = Field(None, description="Default: from the P_Key's top bit.")
+    ipoib: bool = Field(True, description="Create an IPoIB broadcast group for it.")
+
+
+class Roce(Strict):
+    pfc_priority: int | None = Field(None, ge=0, le=7, description="Priority with PFC enabled (usually 3).")
+    ecn: bool | None = Field(None, description="ECN/DCQCN on.")
+    dscp: int = Field(26, ge=0, le=63, description="DSCP of RoCE traffic.")
+    trust: Literal["dscp", "pcp"] = Field("dscp")
+    mtu: int = Field(9000, ge=1500, le=9216, description="Ethernet MTU on RoCE ports.")
+    gid_index: int = Field(3, ge=0, le=255, description="GID index for RoCEv2 (NCCL_IB_GID_INDEX).")
+    traffic_class: int = Field(106, ge=0, le=255, description="NCCL_IB_TC (DSCP 26 << 2 = 104 + ECN bits).")
+
+
+class Fabric(Strict):
+    type: Literal["infiniband", "roce", "ethernet"] = Field("infiniband")
+    rate: RateValue = Field(description="Port rate in Gb/s or by name (HDR, NDR, XDR).")
+    topology: Topology = Field(default_factory=lambda: Topology(kind="fat_tree"))
+    subnet_manager: SubnetManager | None = Field(None, description="Required on InfiniBand.")
+    partitions: list[Partition] = Field(default_factory=list)
+    default_partition: Literal["full", "limited"] = Field(
+        "full", description="Membership of compute ports in the default partition 0x7fff.")
+    roce: Roce | None = Field(None, description="RoCE QoS settings (required when type is roce).")
+
+
+# --- storage ---------------------------------------------------------------------------------------------------
+class NfsExport(Strict):
+    server: HostName
+    path: AbsPath
+    clients: ClientSpec = Field(description="CIDR, host or hostlist allowed to mount.")
+    options: list[ExportOption] = Field(default_factory=lambda: ["rw", "sync", "root_squash"])
+    implementation: Literal["kernel", "ganesha"] = Field("kernel")
+
+
+class NfsMount(Strict):
+    server: HostName
+    export: AbsPath
+    mount: AbsPath
+    on: HostlistExpr = Field("compute", description="Role name or hostlist of the clients.")
+    transport: Literal["tcp", "rdma"] = Field("tcp", description="rdma: NFS over RDMA (proto=rdma,port=20049).")
+    version: Literal["3", "4.1", "4.2"] = Field("4.2")
+    nconnect: int | None = Field(None, ge=1, le=16)
+    options: list[MountOption] = Field(default_factory=list)
+    automount: bool = Field(False, description="x-systemd.automount instead of mounting at boot.")
+    owner: UnixUser = "root"
+    mode: Annotated[str, StringConstraints(pattern=r"^0?[0-7]{3,4}$")] = "0755"
+
+    @field_validator("version", mode="before")
+    @classmethod
+    def _version_str(cls, v: object) -> object:
+        return str(v) if isinstance(v, int | float) and not isinstance(v, bool) else v
+
+
+class LustreMount(Strict):
+    fsname: FsName
+    mgs: list[Nid] = Field(min_length=1, description="MGS NIDs, e.g. 10.1.0.1@o2ib (failover pairs in order).")
+    mount: AbsPath
+    on: HostlistExpr = Field("compute")
+    lnet: list[LnetNet] = Field(default_factory=lambda: ["o2ib0"], description="LNet networks, e.g. o2ib0(ib0).")
+    options: list[MountOption] = Field(default_factory=lambda: ["flock"])
+
+
+class Nfs(Strict):
+    exports: list[NfsExport] = Field(default_factory=list)
+    mounts: list[NfsMount] = Field(default_factory=list)
+
+
+class Storage(Strict):
+    nfs: Nfs = Field(default_factory=Nfs)
+    lustre: list[LustreMount] = Field(default_factory=list)
+    min_write_mbps: float | None = Field(None, gt=0, description="Optional throughput floor for the round trip.")
+
+
+# --- verification ----------------------------------------------------------------------------------------------
+class BandwidthCheck(Strict):
+    min_fraction: float = Field(0.9, gt=0, le=1, description="Pass threshold as a fraction of line rate.")
+    mode: Literal["quick", "full"] = Field("quick", description="quick: 2 rounds; full: every pair.")
+    message_size: int = Field(1048576, ge=2, le=1 << 30, description="ib_write_bw -s (bytes).")
+    duration: int = Field(5, ge=1, le=120, description="ib_write_bw -D (seconds).")
+
+
+class GpuDirectCheck(Strict):
+    required: bool = Field(True, description="Fail when GPUDirect RDMA does not work.")
+    min_fraction: float = Field(0.8, gt=0, le=1, description="Floor for ib_write_bw --use_cuda vs line rate.")
+
+
+class NcclCheck(Strict):
+    min_busbw_gbps: float | None = Field(None, gt=0, description="Floor for all_reduce_perf bus bandwidth (GB/s).")
+    max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
+
+
+TestName = Literal["links", "bandwidth", "gpudirect", "nccl", "storage", "cabling"]
+
+
+class Verify(Strict):
+    tests: list[TestName] = Field(
+        default_factory=lambda: list[TestName](["links", "bandwidth", "gpudirect", "nccl", "storage"]),
+        description="Which checks `verify` runs.")
+    bandwidth: BandwidthCheck = Field(default_factory=BandwidthCheck)
+    gpudirect: GpuDirectCheck = Field(default_factory=GpuDirectCheck)
+    nccl: NcclCheck = Field(default_factory=NcclCheck)
+
+
+# --- the whole spec --------------------------------------------------------------------------------------------
+class Spec(Strict):
+    cluster: ClusterMeta = Field(description="Name and OS of the cluster.")
+    ssh: Ssh = Field(default_factory=Ssh, description="How the control node logs in to the nodes.")
+    software: Software = Field(description="Pinned versions of the GPU and RDMA software stack.")
+    repositories: Repositories = Field(default_factory=Repositories, description="Package mirrors and their keys.")
+    profiles: dict[ProfileName, Profile] = Field(description="Node types: GPUs, HCAs, interfaces.")
+    nodes: list[NodeGroup] = Field(min_length=1, description="Hosts (hostlist ranges), their profile and roles.")
+    fabric: Fabric = Field(description="The RDMA fabric: type, rate, topology, subnet manager, partitions.")
+    switches: list[Switch] = Field(default_factory=list, description="Fabric switches (topology and management).")
+    storage: Storage = Field(default_factory=Storage, description="NFS exports/mounts and Lustre mounts.")
+    verify: Verify = Field(default_factory=Verify, description="What `provision verify` checks and its thresholds.")

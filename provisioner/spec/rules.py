@@ -1,0 +1,451 @@
+"""Design rules: what the field knows about GPU/InfiniBand clusters, checked before any node is touched.
+
+Each rule has an ID, a severity and one sentence of why; the README's rule list is generated from RULES.
+Rules read the expanded Cluster and point at the YAML line the problem comes from.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol
+
+from provisioner.spec import hostlist
+from provisioner.spec.catalog import GPU_MODELS
+from provisioner.spec.cluster import Cluster
+from provisioner.spec.diagnostics import Severity
+from provisioner.spec.yamlload import Path
+
+if TYPE_CHECKING:
+    pass
+
+
+class Reporter(Protocol):
+    def add(self, path: Path, rule: str, message: str, hint: str = "", *,
+            severity: Severity = "error", key: bool = False) -> None: ...
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    severity: Severity
+    why: str
+    check: Callable[[Cluster, Reporter, Rule], None]
+
+    def report(self, rep: Reporter, path: Path, message: str, hint: str = "") -> None:
+        rep.add(path, self.id, message, hint, severity=self.severity)
+
+
+RULES: list[Rule] = []
+
+
+def rule(rule_id: str, severity: Severity, why: str) -> Callable[[Callable[[Cluster, Reporter, Rule], None]],
+                                                                    Callable[[Cluster, Reporter, Rule], None]]:
+    def deco(fn: Callable[[Cluster, Reporter, Rule], None]) -> Callable[[Cluster, Reporter, Rule], None]:
+        RULES.append(Rule(rule_id, severity, why, fn))
+        return fn
+    return deco
+
+
+def run_rules(cluster: Cluster, rep: Reporter) -> None:
+    for r in RULES:
+        r.check(cluster, rep, r)
+
+
+def members(expr: str, cluster: Cluster) -> list[str]:
+    """Nodes named by a role name or a hostlist expression (unknown names are kept for the caller to report)."""
+    roles = {role for n in cluster.nodes for role in n.roles} | {
+        "compute", "login", "subnet_manager", "nfs_server", "storage", "management"}
+    if expr in roles:
+        return [n.name for n in cluster.nodes if expr in n.roles]
+    if expr == "all":
+        return [n.name for n in cluster.nodes]
+    return hostlist.expand(expr)
+
+
+# --- node design -----------------------------------------------------------------------------------------------
+@rule("RAIL-PER-GPU", "warning",
+      "Multi-node training is bound by the per-GPU share of network bandwidth: an 8-GPU node wants one rail "
+      "HCA per GPU (2x400G for 8xH100 leaves 100 Gb/s per GPU instead of 400).")
+def _rail_per_gpu(c: Cluster, rep: Reporter, r: Rule) -> None:
+    for pname, prof in c.spec.profiles.items():
+        if not prof.gpu or prof.gpu.count < 4:
+            continue
+        used = any(n.profile == pname and "compute" in n.roles for n in c.nodes)
+        rails = [p for n in c.nodes if n.profile == pname for p in n.rail_ports][: len(prof.hcas) * 64]
+        node = next((n for n in c.nodes if n.profile == pname), None)
+        if not used or node is None:
+            continue
+        rails = list(node.rail_ports)
+        if 0 < len(rails) < prof.gpu.count:
+            per_gpu = sum(p.rate_gbps for p in rails) / prof.gpu.count
+            r.report(rep, ("profiles", pname, "hcas"),
+                     f"profile '{pname}': {len(rails)} rail HCAs for {prof.gpu.count} GPUs leaves "
+                     f"{per_gpu:g} Gb/s per GPU", "one rail HCA per GPU is the norm for training nodes")
+        elif not rails and prof.gpu.count >= 8 and len({n.name for n in c.nodes}) > 1:
+            r.report(rep, ("profiles", pname), f"profile '{pname}': {prof.gpu.count} GPUs and no rail HCA",
+                     "inter-node traffic goes over the management network")
+
+
+@rule("GPU-PCIE-NVSWITCH", "error",
+      "Only SXM boards (HGX/DGX) have NVSwitch; a PCIe GPU model in an NVSwitch profile means the profile or "
+      "the model is wrong, and fabric manager would be installed for nothing and fail to start.")
+def _pcie_nvswitch(c: Cluster, rep: Reporter, r: Rule) -> None:
+    for pname, prof in c.spec.profiles.items():
+        if prof.gpu and prof.gpu.nvswitch:
+            model = GPU_MODELS.get(prof.gpu.model)
+            if model and model.form == "pcie":
+                r.report(rep, ("profiles", pname, "gpu", "nvswitch"),
+                         f"{prof.gpu.model} is a PCIe card but profile '{pname}' claims NVSwitch",
+                         "set nvswitch: false or use the SXM model")
+
+
+@rule("RAIL-MIXED-RATE", "warning",
+      "A rail runs at the speed of its slowest port; mixed rates in one rail waste the faster HCAs and make "
+      "per-rail bandwidth checks ambiguous.")
+def _mixed_rate(c: Cluster, rep: Reporter, r: Rule) -> None:
+    rates: dict[int, dict[float, str]] = defaultdict(dict)
+    for n in c.nodes:
+        for p in n.rail_ports:
+            if p.rail is not None:
+                rates[p.rail].setdefault(p.rate_gbps, n.profile)
+    for rail, by_rate in sorted(rates.items()):
+        if len(by_rate) > 1:
+            desc = ", ".join(f"{rate:g} Gb/s ({prof})" for rate, prof in sorted(by_rate.items()))
+            prof = sorted(by_rate.items())[0][1]
+            r.report(rep, ("profiles", prof, "hcas"), f"rail {rail} mixes rates: {desc}",
+                     "use the same HCA rate on every node of a rail")
+
+
+@rule("HCA-FABRIC-RATE", "warning",
+      "An HCA faster than the fabric trains down to the switch's rate; a slower one caps its rail.")
+def _hca_fabric_rate(c: Cluster, rep: Reporter, r: Rule) -> None:
+    for pname, prof in c.spec.profiles.items():
+        for hi, hca in enumerate(prof.hcas):
+            if hca.rate is None or hca.purpose != "rail":
+                continue
+            from provisioner.spec.load import rate_gbps
+
+            if rate_gbps(hca.rate) != c.fabric_rate_gbps:
+                r.report(rep, ("profiles", pname, "hcas", hi, "rate"),
+                         f"{hca.device} expects {rate_gbps(hca.rate):g} Gb/s on a "
+                         f"{c.fabric_rate_gbps:g} Gb/s fabric",
+                         "match the HCA rate to fabric.rate or say why in a comment and accept the warning")
+
+
+@rule("NCCL-FLOOR-UNREACHABLE", "error",
+      "Across nodes, ring all-reduce bus bandwidth cannot exceed what a node's rails carry (sum of rail rates "
+      "/ 8 in GB/s); a floor above it can never pass and hides the real target.")
+def _nccl_floor(c: Cluster, rep: Reporter, r: Rule) -> None:
+    floor = c.spec.verify.nccl.min_busbw_gbps
+    compute = [n for n in c.nodes if "compute" in n.roles and n.gpu_count]
+    if floor is None or len(compute) < 2:
+        return
+    cap = min(sum(p.rate_gbps for p in n.rail_ports) / 8 for n in compute)
+    if floor > cap:
+        r.report(rep, ("verify", "nccl", "min_busbw_gbps"),
+                 f"NCCL floor {floor:g} GB/s is above what the rails carry ({cap:g} GB/s per node)",
+                 f"set min_busbw_gbps at or below {cap * 0.92:.0f} (about 92 % of the rails)")
+
+
+# --- fabric design ---------------------------------------------------------------------------------------------
+@rule("FAT-TREE-OVERSUB", "warning",
+      "A leaf with more bandwidth down than up blocks when traffic crosses leaves; training all-reduce does, so "
+      "anything above 1:1 shows up as slower steps at scale.")
+def _oversub(c: Cluster, rep: Reporter, r: Rule) -> None:
+    if c.spec.fabric.topology.kind not in ("fat_tree", "rail_optimized"):
+        return
+    down: dict[str, float] = defaultdict(float)
+    rate_of = {(n.name, p.device): p.rate_gbps for n in c.nodes for p in n.ports}
+    for cab in c.cables:
+        down[cab.switch] += rate_of.get((cab.node, cab.device), c.fabric_rate_gbps)
+    for sw in c.switches:
+        if sw.tier != "leaf" or sw.name not in down:
+            continue
+        up = sw.uplinks * sw.uplink_rate_gbps
+        if up <= 0:
+            if len(c.switches) > 1:
+                r.report(rep, sw.path, f"leaf {sw.name} has nodes but no uplinks",
+                         "set uplinks: on the leaf (ports going to spines)")
+            continue
+        ratio = down[sw.name] / up
+        if ratio > 1.0 + 1e-9:
+            r.report(rep, sw.path, f"leaf {sw.name} is oversubscribed {ratio:.2f}:1 "
+                     f"({down[sw.name]:g} Gb/s down, {up:g} Gb/s up)",
+                     "add uplinks or move nodes to another leaf for 1:1")
+
+
+@rule("LEAF-PORTS-EXCEEDED", "error",
+      "A leaf cannot take more node cables than it has ports left after its uplinks.")
+def _leaf_ports(c: Cluster, rep: Reporter, r: Rule) -> None:
+    count: dict[str, int] = defaultdict(int)
+    for cab in c.cables:
+        count[cab.switch] += 1
+    for sw in c.switches:
+        free = sw.ports - sw.uplinks
+        if count[sw.name] > free:
+            r.report(rep, sw.path, f"{sw.name}: {count[sw.name]} node ports cabled but only {free} free "
+                     f"({sw.ports} ports, {sw.uplinks} uplinks)", "add a leaf or reduce uplinks")
+
+
+@rule("CABLE-UNCABLED-RAIL", "warning",
+      "Without the wiring of every rail port the cabling check cannot tell a swapped cable from a good one.")
+def _uncabled(c: Cluster, rep: Reporter, r: Rule) -> None:
+    if not c.cables:
+        return
+    cabled = {(cab.node, cab.device) for cab in c.cables}
+    missing = [f"{n.name}:{p.device}" for n in c.nodes for p in n.rail_ports if (n.name, p.device) not in cabled
+               and p.link_layer == "infiniband"]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        r.report(rep, ("fabric", "topology", "cabling"), f"no cabling given for {shown}",
+                 "list every rail port under fabric.topology.cabling")
+
+
+# --- subnet manager --------------------------------------------------------------------------------------------
+@rule("SM-MISSING", "error", "An InfiniBand fabric without a subnet manager never brings a port to Active.")
+def _sm_missing(c: Cluster, rep: Reporter, r: Rule) -> None:
+    if c.spec.fabric.type == "infiniband" and c.spec.fabric.subnet_manager is None:
+        r.report(rep, ("fabric",), "no subnet_manager on an InfiniBand fabric",
+                 "add fabric.subnet_manager with opensm nodes, the switch's SM or UFM")
+
+
+@rule("SM-SINGLE", "warning",
+      "With one subnet manager, its node's reboot freezes the fabric's routing; a standby takes over in seconds.")
+def _sm_single(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sm = c.spec.fabric.subnet_manager
+    if sm and sm.kind == "opensm" and len(sm.nodes) == 1:
+        r.report(rep, ("fabric", "subnet_manager", "nodes"), "only one subnet manager: no failover",
+                 "add a second SM node with a lower priority")
+    elif sm and sm.kind == "switch":
+        r.report(rep, ("fabric", "subnet_manager"), f"only the SM of switch {sm.switch}: no failover",
+                 "enable the SM on a second switch or run standby opensm on a host")
+
+
+@rule("SM-PRIORITY-TIE", "error",
+      "Two SMs of equal priority elect by GUID, so which one is master is an accident of hardware, and a "
+      "replaced HCA silently moves mastership.")
+def _sm_tie(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sm = c.spec.fabric.subnet_manager
+    if not sm:
+        return
+    seen: dict[int, str] = {}
+    for i, s in enumerate(sm.nodes):
+        if s.priority in seen:
+            r.report(rep, ("fabric", "subnet_manager", "nodes", i, "priority"),
+                     f"{s.node} and {seen[s.priority]} both have sm_priority {s.priority}",
+                     "give the master the highest priority and each standby a distinct lower one")
+        seen.setdefault(s.priority, s.node)
+
+
+@rule("SM-NODE", "error", "A subnet manager must run on a defined node that has an InfiniBand port to bind to.")
+def _sm_nodes(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sm = c.spec.fabric.subnet_manager
+    if not sm:
+        return
+    names = {n.name: n for n in c.nodes}
+    for i, s in enumerate(sm.nodes):
+        node = names.get(s.node)
+        if node is None:
+            r.report(rep, ("fabric", "subnet_manager", "nodes", i, "node"), f"SM node '{s.node}' is not defined",
+                     "name a node from nodes:")
+            continue
+        ib = [p for p in node.ports if p.link_layer == "infiniband"]
+        if not ib:
+            r.report(rep, ("fabric", "subnet_manager", "nodes", i, "node"), f"SM node {s.node} has no InfiniBand port",
+                     "run the SM on a node with an HCA")
+        elif s.device and s.device not in {p.device for p in ib}:
+            r.report(rep, ("fabric", "subnet_manager", "nodes", i, "device"), f"{s.node} has no IB device {s.device}",
+                     "use one of " + ", ".join(p.device for p in ib))
+    if sm.kind == "opensm" and not sm.nodes and c.spec.fabric.type == "infiniband":
+        r.report(rep, ("fabric", "subnet_manager"), "opensm chosen but no SM nodes listed",
+                 "list nodes: [{node: NAME, priority: 15}]")
+    if sm.kind == "switch":
+        sw = {s.name: s for s in c.switches}
+        if not sm.switch or sm.switch not in sw:
+            r.report(rep, ("fabric", "subnet_manager"), f"switch SM on undefined switch '{sm.switch}'",
+                     "name a switch from switches:")
+
+
+@rule("SM-AR-UNSUPPORTED", "error",
+      "Adaptive routing needs an SM with the ar_* routing engines (NVIDIA's opensm or UFM); the MLNX-OS "
+      "switch-embedded SM and upstream opensm would silently route without it.")
+def _sm_ar(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sm = c.spec.fabric.subnet_manager
+    if not sm:
+        return
+    engines = sm.routing_engines or []
+    wants_ar = sm.adaptive_routing or any(e.startswith("ar_") for e in engines)
+    if not wants_ar:
+        return
+    if sm.kind == "switch":
+        r.report(rep, ("fabric", "subnet_manager", "adaptive_routing"),
+                 "adaptive routing asked of the switch-embedded SM, which cannot do it",
+                 "run NVIDIA opensm on hosts (kind: opensm) or UFM")
+    elif sm.kind == "opensm" and sm.build == "upstream":
+        r.report(rep, ("fabric", "subnet_manager", "build"),
+                 "adaptive routing asked of upstream opensm, which has no ar_* engines",
+                 "use build: nvidia (opensm from DOCA-OFED/MLNX_OFED)")
+
+
+@rule("SM-ROUTING-ENGINE", "error", "opensm refuses to start on a routing engine it does not know.")
+def _sm_engines(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sm = c.spec.fabric.subnet_manager
+    known = {"minhop", "updn", "dnup", "file", "ftree", "lash", "dor", "torus-2QoS", "nue", "dfsssp", "sssp",
+             "chain", "pqft", "ar_updn", "ar_ftree", "ar_torus", "ar_dor", "ar_pqft"}
+    if sm and sm.routing_engines:
+        for i, e in enumerate(sm.routing_engines):
+            if e not in known:
+                r.report(rep, ("fabric", "subnet_manager", "routing_engines", i), f"unknown routing engine '{e}'",
+                         "one of " + ", ".join(sorted(known)))
+
+
+@rule("SM-EMBEDDED-CONFLICT", "error",
+      "A switch-embedded SM left enabled beside host SMs fights them for mastership.")
+def _sm_embedded(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sm = c.spec.fabric.subnet_manager
+    if sm and sm.kind == "opensm" and sm.nodes:
+        for sw in c.switches:
+            if sw.embedded_sm:
+                r.report(rep, sw.path, f"{sw.name} has its embedded SM enabled while host opensm runs",
+                         "set embedded_sm: false (provision switches will disable it)")
+
+
+# --- partitions ------------------------------------------------------------------------------------------------
+@rule("PKEY", "error",
+      "P_Keys identify partitions fabric-wide: 0x7fff/0xffff is the default partition, and two partitions "
+      "with one P_Key merge tenants that were meant to be isolated.")
+def _pkeys(c: Cluster, rep: Reporter, r: Rule) -> None:
+    seen: dict[int, str] = {}
+    names = {n.name for n in c.nodes}
+    for i, part in enumerate(c.spec.fabric.partitions):
+        base = part.pkey & 0x7FFF
+        path: Path = ("fabric", "partitions", i)
+        if base == 0x7FFF:
+            r.report(rep, (*path, "pkey"), f"partition {part.name} uses the default P_Key 0x7fff",
+                     "pick another P_Key, e.g. 0x8001; the default partition is set by default_partition")
+        if base in seen:
+            r.report(rep, (*path, "pkey"), f"partitions {seen[base]} and {part.name} share P_Key {base:#06x}",
+                     "each partition needs its own P_Key")
+        seen.setdefault(base, part.name)
+        try:
+            mem = members(part.members, c)
+        except hostlist.HostlistError as exc:
+            rep.add((*path, "members"), "SPEC-HOSTLIST", str(exc), "write e.g. gpu[01-04]")
+            continue
+        for m in mem:
+            if m not in names:
+                rep.add((*path, "members"), "SPEC-UNDEFINED-NODE", f"partition member '{m}' is not defined",
+                        "list nodes from nodes:")
+                break
+
+
+# --- RoCE ------------------------------------------------------------------------------------------------------
+@rule("ROCE-NO-PFC-ECN", "error",
+      "RoCE on a lossy Ethernet drops packets under incast and RDMA collapses (go-back-N); it needs PFC on the "
+      "RoCE priority and ECN (DCQCN) on the nodes and the switches.")
+def _roce(c: Cluster, rep: Reporter, r: Rule) -> None:
+    if c.spec.fabric.type != "roce":
+        return
+    roce = c.spec.fabric.roce
+    if roce is None or roce.pfc_priority is None or not roce.ecn:
+        r.report(rep, ("fabric", "roce") if roce else ("fabric", "type"), "RoCE fabric without PFC and ECN settings",
+                 "set fabric.roce: {pfc_priority: 3, ecn: true}")
+
+
+@rule("IB-LINK-LAYER", "error", "An InfiniBand fabric needs InfiniBand ports; an Ethernet-mode port never joins it.")
+def _link_layer(c: Cluster, rep: Reporter, r: Rule) -> None:
+    want = "infiniband" if c.spec.fabric.type == "infiniband" else "ethernet"
+    for pname, prof in c.spec.profiles.items():
+        for hi, hca in enumerate(prof.hcas):
+            if hca.purpose == "rail" and hca.link_layer and hca.link_layer != want:
+                r.report(rep, ("profiles", pname, "hcas", hi, "link_layer"),
+                         f"{hca.device} is {hca.link_layer} on a {c.spec.fabric.type} fabric",
+                         f"set link_layer: {want} (mlxconfig LINK_TYPE on VPI cards)")
+
+
+# --- switches --------------------------------------------------------------------------------------------------
+@rule("SWITCH-CREDENTIALS", "error",
+      "A managed switch (device_type set) is configured over SSH; without a credentials source it cannot be.")
+def _switch_creds(c: Cluster, rep: Reporter, r: Rule) -> None:
+    for i, sw in enumerate(c.spec.switches):
+        if sw.device_type and sw.credentials is None:
+            r.report(rep, ("switches", i), f"switch {sw.name} has a device_type but no credentials",
+                     "add credentials: {file: secrets/switches.yml} or {vault: ...}")
+        if sw.device_type and not sw.address:
+            r.report(rep, ("switches", i), f"managed switch {sw.name} has no address", "add address:")
+
+
+# --- software --------------------------------------------------------------------------------------------------
+@rule("FABRIC-MANAGER", "error",
+      "NVSwitch systems do not run CUDA work until nvidia-fabricmanager of the driver's exact version runs.")
+def _fabric_manager(c: Cluster, rep: Reporter, r: Rule) -> None:
+    if c.spec.software.fabric_manager is False and any(n.nvswitch for n in c.nodes):
+        r.report(rep, ("software", "fabric_manager"), "fabric_manager is off but NVSwitch nodes are defined",
+                 "remove fabric_manager: false")
+
+
+@rule("OFED-VERSION", "error",
+      "A pinned stack needs the OFED version pinned too; `ofed_info -s` is checked against it.")
+def _ofed(c: Cluster, rep: Reporter, r: Rule) -> None:
+    o = c.spec.software.ofed
+    if o.flavor != "inbox" and not o.version:
+        r.report(rep, ("software", "ofed"), f"{o.flavor} without a version", "add version: (e.g. 2.9.1)")
+
+
+@rule("REPO-OFFLINE", "error",
+      "An air-gapped site must name a mirror for every vendor repository, or the run tries the internet.")
+def _repos(c: Cluster, rep: Reporter, r: Rule) -> None:
+    repos = c.spec.repositories
+    if not repos.offline:
+        return
+    if repos.cuda is None:
+        r.report(rep, ("repositories",), "offline but no cuda repository mirror",
+                 "add repositories.cuda: {url: ..., key: ...} or set offline: false")
+    if c.spec.software.ofed.flavor != "inbox" and repos.doca is None:
+        r.report(rep, ("repositories",), "offline but no doca repository mirror for the OFED stack",
+                 "add repositories.doca: {url: ..., key: ...}")
+
+
+# --- storage ---------------------------------------------------------------------------------------------------
+@rule("STORAGE-REFS", "error", "Mounts and exports must name servers and clients that exist in the spec.")
+def _storage_refs(c: Cluster, rep: Reporter, r: Rule) -> None:
+    names = {n.name for n in c.nodes}
+    exports = {(e.server, e.path) for e in c.spec.storage.nfs.exports}
+    for i, e in enumerate(c.spec.storage.nfs.exports):
+        if e.server not in names:
+            r.report(rep, ("storage", "nfs", "exports", i, "server"), f"NFS server '{e.server}' is not defined",
+                     "name a node from nodes:")
+    for i, m in enumerate(c.spec.storage.nfs.mounts):
+        path: Path = ("storage", "nfs", "mounts", i)
+        if m.server not in names:
+            r.report(rep, (*path, "server"), f"NFS server '{m.server}' is not defined", "name a node from nodes:")
+        elif (m.server, m.export) not in exports:
+            r.report(rep, (*path, "export"), f"{m.server} does not export {m.export}",
+                     "add it under storage.nfs.exports")
+        try:
+            for who in members(m.on, c):
+                if who not in names:
+                    r.report(rep, (*path, "on"), f"client '{who}' is not defined", "a role name or a hostlist")
+                    break
+        except hostlist.HostlistError as exc:
+            rep.add((*path, "on"), "SPEC-HOSTLIST", str(exc), "a role name or a hostlist")
+
+
+@rule("NFS-RDMA-FABRIC", "warning", "NFS over RDMA needs an RDMA port on the clients and the server.")
+def _nfs_rdma(c: Cluster, rep: Reporter, r: Rule) -> None:
+    by_name = {n.name: n for n in c.nodes}
+    for i, m in enumerate(c.spec.storage.nfs.mounts):
+        if m.transport == "rdma":
+            srv = by_name.get(m.server)
+            if srv is not None and not srv.ports:
+                r.report(rep, ("storage", "nfs", "mounts", i, "transport"),
+                         f"NFS over RDMA from {m.server}, which has no RDMA port", "use transport: tcp")
+
+
+@rule("LUSTRE-VERSION", "error", "Lustre client modules are built per kernel and OFED; the version must be pinned.")
+def _lustre(c: Cluster, rep: Reporter, r: Rule) -> None:
+    if c.spec.storage.lustre and not c.spec.software.lustre_client:
+        r.report(rep, ("storage", "lustre"), "Lustre mounts without software.lustre_client",
+                 "pin software.lustre_client (e.g. \"2.15.5\")")

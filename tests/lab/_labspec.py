@@ -1,0 +1,30 @@
+"""The small lab the integration tests and the measurement script bring up."""
+
+from __future__ import annotations
+
+from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
+
+CLUSTER = "labtest"
+
+
+def nodes(count: int = 3) -> list[LabNodeSpec]:
+    """``count`` 8-GPU nodes with two NDR rails each (mlx5_0 on GPU 0, mlx5_1 on GPU 4)."""
+    return [
+        LabNodeSpec(
+            hostname=f"gpu{i:02d}",
+            hcas=(
+                LabHca("mlx5_0", rail=0, gpu=0, rate_gbps=400, numa=0),
+                LabHca("mlx5_1", rail=1, gpu=4, rate_gbps=400, numa=1),
+            ),
+        )
+        for i in range(1, count + 1)
+    ]
+
+
+def fabric(count: int = 3) -> tuple[list[LabSwitch], list[LabCable]]:
+    """One leaf per rail, node i on port i."""
+    switches = [LabSwitch("leaf0", 64), LabSwitch("leaf1", 64)]
+    cables = [
+        LabCable(f"gpu{i:02d}", f"mlx5_{r}", 1, f"leaf{r}", i) for i in range(1, count + 1) for r in (0, 1)
+    ]
+    return switches, cables

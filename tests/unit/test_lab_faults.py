@@ -1,0 +1,145 @@
+"""faults: live edits of node.json/fabric.json, recorded and exactly undone (podman calls recorded)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import LabError
+from provisioner.lab import faults, hardware
+from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
+from provisioner.lab.simtools import labstate
+
+
+def _spec(host: str) -> LabNodeSpec:
+    return LabNodeSpec(host, hcas=(LabHca("mlx5_0", gpu=0), LabHca("mlx5_1", rail=1, gpu=4)))
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> str:
+    root = str(tmp_path)
+    switches = [LabSwitch("leaf0", 8), LabSwitch("leaf1", 8)]
+    cables = [LabCable(h, f"mlx5_{r}", 1, f"leaf{r}", i) for i, h in enumerate(("gpu01", "gpu02"), 1)
+              for r in (0, 1)]
+    hardware.write_lab_state(root, "c1", [_spec("gpu01"), _spec("gpu02")], switches, cables)
+    return root
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.calls: list[list[str]] = []
+
+    def __call__(self, args: list[str]) -> None:
+        self.calls.append(args)
+
+
+def _sysfs(root: str, host: str, rel: str) -> str:
+    return (Path(labstate.sysfs_dir(root, host)) / rel).read_text()
+
+
+def test_port_down_shows_in_sysfs_and_clears(lab: str) -> None:
+    faults.inject(lab, "gpu01", "port_down", device="mlx5_0")
+    assert _sysfs(lab, "gpu01", "infiniband/mlx5_0/ports/1/state") == "1: DOWN\n"
+    assert _sysfs(lab, "gpu01", "infiniband/mlx5_0/ports/1/phys_state") == "2: Polling\n"
+    assert faults.list_faults(lab, "gpu01") == [{"kind": "port_down", "device": "mlx5_0", "port": 1}]
+    assert len(faults.clear(lab, "gpu01")) == 1
+    assert _sysfs(lab, "gpu01", "infiniband/mlx5_0/ports/1/state") == "2: INIT\n"
+    assert faults.list_faults(lab, "gpu01") == []
+
+
+def test_port_disabled(lab: str) -> None:
+    faults.inject(lab, "gpu01", "port_disabled", device="mlx5_1")
+    assert _sysfs(lab, "gpu01", "infiniband/mlx5_1/ports/1/phys_state") == "3: Disabled\n"
+
+
+def test_degraded_width_and_rate(lab: str) -> None:
+    faults.inject(lab, "gpu02", "degraded_width", device="mlx5_1")
+    assert _sysfs(lab, "gpu02", "infiniband/mlx5_1/ports/1/rate") == "200 Gb/sec (2X NDR)\n"
+    faults.inject(lab, "gpu02", "degraded_rate", device="mlx5_0", speed="HDR")
+    assert _sysfs(lab, "gpu02", "infiniband/mlx5_0/ports/1/rate") == "200 Gb/sec (4X HDR)\n"
+    faults.clear(lab, "gpu02", "degraded_width")
+    assert _sysfs(lab, "gpu02", "infiniband/mlx5_1/ports/1/rate") == "400 Gb/sec (4X NDR)\n"
+    assert _sysfs(lab, "gpu02", "infiniband/mlx5_0/ports/1/rate") == "200 Gb/sec (4X HDR)\n"
+
+
+def test_stacked_port_faults_restore_independently(lab: str) -> None:
+    faults.inject(lab, "gpu01", "port_down", device="mlx5_0")
+    faults.inject(lab, "gpu01", "slow_link", device="mlx5_0", bw_factor=0.25)
+    faults.clear(lab, "gpu01", "port_down")
+    hca = labstate.find_hca(labstate.load_node(lab, "gpu01"), "mlx5_0")
+    assert (hca["state"], hca["bw_factor"]) == ("init", 0.25)
+
+
+def test_slow_link_rejects_bad_factor(lab: str) -> None:
+    with pytest.raises(LabError, match="bw_factor"):
+        faults.inject(lab, "gpu01", "slow_link", device="mlx5_0", bw_factor=2)
+
+
+def test_duplicate_and_unknown_faults_are_refused(lab: str) -> None:
+    faults.inject(lab, "gpu01", "flapping", device="mlx5_0")
+    with pytest.raises(LabError, match="already injected"):
+        faults.inject(lab, "gpu01", "flapping", device="mlx5_0")
+    with pytest.raises(LabError, match="unknown fault"):
+        faults.inject(lab, "gpu01", "meteor")
+    with pytest.raises(LabError, match="no HCA port mlx5_7/1"):
+        faults.inject(lab, "gpu01", "port_down", device="mlx5_7")
+
+
+def test_gpu_missing(lab: str) -> None:
+    faults.inject(lab, "gpu01", "gpu_missing", index=3)
+    assert labstate.load_node(lab, "gpu01")["gpus"][3]["present"] is False
+    faults.clear(lab, "gpu01", "gpu_missing")
+    assert labstate.load_node(lab, "gpu01")["gpus"][3]["present"] is True
+
+
+def test_peermem_missing_unloads_and_hides_module(lab: str) -> None:
+    labstate.save_modules(lab, "gpu01", ["nvidia_peermem", "nvidia", "ib_core"])
+    run = Recorder()
+    faults.inject(lab, "gpu01", "peermem_missing", runner=run)
+    assert labstate.load_modules(lab, "gpu01") == ["nvidia", "ib_core"]
+    assert run.calls[0][:2] == ["exec", "plab-c1-gpu01"] and "nvidia_peermem.ko*" in run.calls[0][-1]
+    faults.clear(lab, "gpu01", runner=run)
+    assert ".lab-hidden" in run.calls[1][-1]
+
+
+def test_unreachable_pauses_and_unpauses(lab: str) -> None:
+    run = Recorder()
+    faults.inject(lab, "gpu02", "unreachable", runner=run)
+    assert labstate.load_node(lab, "gpu02")["reachable"] is False
+    faults.clear(lab, "gpu02", runner=run)
+    assert run.calls == [["pause", "plab-c1-gpu02"], ["unpause", "plab-c1-gpu02"]]
+    assert labstate.load_node(lab, "gpu02")["reachable"] is True
+
+
+def test_sm_killed_stops_the_unit(lab: str) -> None:
+    run = Recorder()
+    faults.inject(lab, "gpu01", "sm_killed", unit="opensm", runner=run)
+    faults.clear(lab, "gpu01", runner=run)
+    assert run.calls == [["exec", "plab-c1-gpu01", "systemctl", "stop", "opensm"],
+                         ["exec", "plab-c1-gpu01", "systemctl", "start", "opensm"]]
+
+
+def test_cables_swapped_edits_fabric_and_back(lab: str) -> None:
+    faults.inject(lab, "gpu01", "cables_swapped", device="mlx5_0", other_host="gpu02", other_device="mlx5_0")
+    cables = labstate.load_fabric(lab)["cables"]
+    ends = {(c["node"], c["device"]): (c["switch"], c["switch_port"]) for c in cables}
+    assert ends[("gpu01", "mlx5_0")] == ("leaf0", 2) and ends[("gpu02", "mlx5_0")] == ("leaf0", 1)
+    faults.clear(lab, "gpu01")
+    cables = labstate.load_fabric(lab)["cables"]
+    ends = {(c["node"], c["device"]): (c["switch"], c["switch_port"]) for c in cables}
+    assert ends[("gpu01", "mlx5_0")] == ("leaf0", 1)
+
+
+def test_hardware_swap_new_guids_everywhere_and_new_host_keys(lab: str) -> None:
+    old = labstate.load_node(lab, "gpu01")["hcas"][0]["node_guid"]
+    run = Recorder()
+    faults.inject(lab, "gpu01", "hardware_swap", runner=run)
+    node = labstate.load_node(lab, "gpu01")
+    new = node["hcas"][0]["node_guid"]
+    assert new != old and node["generation"] == 1
+    assert labstate.load_fabric(lab)["nodes"]["gpu01"]["hcas"][0]["node_guid"] == new
+    assert _sysfs(lab, "gpu01", "infiniband/mlx5_0/node_guid") == labstate.guid_colon(new) + "\n"
+    assert "ssh-keygen -A" in run.calls[0][-1]
+    faults.clear(lab, "gpu01", runner=run)  # forgets the record, keeps the new board
+    assert labstate.load_node(lab, "gpu01")["hcas"][0]["node_guid"] == new

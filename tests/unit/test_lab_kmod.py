@@ -1,0 +1,67 @@
+"""The simulated modprobe/lsmod/rmmod: kmod's formats and messages, state in modules.json."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from provisioner.lab.nodetools import kmod_sim
+from provisioner.lab.simtools import labstate
+
+SCRIPT = Path(kmod_sim.__file__)
+SIMTOOLS = Path(labstate.__file__).parent
+
+
+def test_lsmod_layout_matches_kmod() -> None:
+    text = kmod_sim.lsmod_text(["mlx5_ib", "mlx5_core", "ib_core"])
+    lines = text.splitlines()
+    assert lines[0] == "Module                  Size  Used by"
+    assert lines[2] == "mlx5_core            2342912  1 mlx5_ib"
+    assert lines[3] == "ib_core               462848  1 mlx5_ib"
+    assert lines[1] == "mlx5_ib               458752  0"
+
+
+def test_load_needs_a_module_file(tmp_path: Path) -> None:
+    with pytest.raises(kmod_sim.Failure) as info:
+        kmod_sim.load([], "nvidia_peermem", str(tmp_path))
+    assert str(info.value) == f"modprobe: FATAL: Module nvidia_peermem not found in directory {tmp_path}"
+    (tmp_path / "updates" / "dkms").mkdir(parents=True)
+    (tmp_path / "updates" / "dkms" / "nvidia-peermem.ko").write_text("")
+    (tmp_path / "updates" / "dkms" / "nvidia.ko.xz").write_text("")
+    assert kmod_sim.load(["ib_core"], "nvidia-peermem", str(tmp_path)) == ["nvidia_peermem", "nvidia", "ib_core"]
+
+
+def test_unload_messages() -> None:
+    with pytest.raises(kmod_sim.Failure, match="rmmod: ERROR: Module x is not currently loaded"):
+        kmod_sim.unload([], "x", "rmmod")
+    with pytest.raises(kmod_sim.Failure, match="in use by: mlx5_ib"):
+        kmod_sim.unload(["mlx5_ib", "ib_core"], "ib_core", "rmmod")
+    assert kmod_sim.unload(["a"], "b", "modprobe") == ["a"]
+
+
+def _run(tool: str, args: list[str], root: Path, modules: Path) -> subprocess.CompletedProcess[str]:
+    link = root / tool
+    if not link.exists():
+        link.symlink_to(SCRIPT)
+    env = {"PROVISIONER_LAB_ROOT": str(root), "PROVISIONER_LAB_HOST": "gpu01",
+           "PROVISIONER_LAB_MODULES_DIR": str(modules), "PROVISIONER_LAB_LIB": str(SIMTOOLS), "PATH": "/usr/bin"}
+    return subprocess.run([sys.executable, str(link), *args], capture_output=True, text=True, env=env, check=False)
+
+
+def test_scripts_end_to_end(tmp_path: Path) -> None:
+    modules = tmp_path / "lib-modules"
+    modules.mkdir()
+    labstate.save_modules(str(tmp_path), "gpu01", ["ib_core"])
+    failed = _run("modprobe", ["nvidia_peermem"], tmp_path, modules)
+    assert failed.returncode == 1
+    assert failed.stderr == f"modprobe: FATAL: Module nvidia_peermem not found in directory {modules}\n"
+    assert _run("modprobe", ["-q", "nvidia_peermem"], tmp_path, modules).stderr == ""
+    (modules / "nvidia_peermem.ko").write_text("")
+    assert _run("modprobe", ["nvidia_peermem"], tmp_path, modules).returncode == 0
+    assert labstate.load_modules(str(tmp_path), "gpu01") == ["nvidia_peermem", "ib_core"]
+    assert "nvidia_peermem" in _run("lsmod", [], tmp_path, modules).stdout
+    assert _run("rmmod", ["nvidia_peermem"], tmp_path, modules).returncode == 0
+    assert labstate.load_modules(str(tmp_path), "gpu01") == ["ib_core"]

@@ -1,0 +1,164 @@
+"""ibstat, ibstatus, iblinkinfo, ibdev2netdev and sminfo on real captured outputs."""
+
+from __future__ import annotations
+
+import pytest
+
+from provisioner.errors import ParseError
+from provisioner.parsers import parse
+from tests.unit._parser_fixtures import load
+
+
+def test_ibstat_initializing_port_without_ca_type() -> None:
+    out = parse("ibstat", load("ibstat", "mesa_cx4_initializing.txt"))
+    (dev,) = out["devices"]
+    assert dev["name"] == "mlx5_0"
+    assert dev["ca_type"] is None
+    assert dev["firmware"] == "12.20.1010"
+    assert dev["node_guid"] == "0x248a07030049aee0"
+    (port,) = dev["ports"]
+    assert port == {
+        "port": 1,
+        "state": "init",
+        "physical_state": "linkup",
+        "rate_gbps": 100.0,
+        "base_lid": 65535,
+        "sm_lid": 0,
+        "port_guid": "0x248a07030049aee0",
+        "link_layer": "infiniband",
+    }
+    assert any("no subnet manager" in w for w in out["warnings"])
+    assert out["errors"] == []
+
+
+def test_ibstat_unindented_paste_parses_the_same() -> None:
+    out = parse("ibstat", load("ibstat", "azhpc_unindented_initializing.txt"))
+    (dev,) = out["devices"]
+    assert (dev["name"], dev["ca_type"], dev["num_ports"]) == ("mlx5_ib0", "MT4124", 1)
+    (port,) = dev["ports"]
+    assert port["state"] == "init"
+    assert port["rate_gbps"] == 200.0
+    assert port["sm_lid"] == 361
+    assert port["port_guid"] == "0x00155dfffd34072b"
+
+
+def test_ibstat_ibpanic_midway_keeps_parsed_devices() -> None:
+    out = parse("ibstat", load("ibstat", "gpud_ibpanic_midway.txt"))
+    (dev,) = out["devices"]
+    assert dev["name"] == "mlx5_7"
+    assert dev["node_guid"] is None  # the sample has '...' placeholders
+    assert dev["ports"][0]["state"] == "active"
+    assert dev["ports"][0]["rate_gbps"] == 200.0
+    assert dev["ports"][0]["base_lid"] == 13305
+    assert len(out["errors"]) == 1
+    assert "mlx5_8" in out["errors"][0] and out["errors"][0].startswith("ibpanic:")
+
+
+def test_ibstat_ibpanic_only_is_ibstat_output_with_an_error() -> None:
+    out = parse("ibstat", load("ibstat", "azhpc_ibpanic_only.txt"))
+    assert out["devices"] == []
+    assert out["errors"] == ["ibpanic: [8371] main: stat of IB device 'mlx5_an0' failed: No such file or directory"]
+
+
+def test_ibstat_down_port_rate_is_flagged_as_placeholder() -> None:
+    out = parse("ibstat", load("ibstat", "rdma_core_pr847_down_placeholder_rate.txt"))
+    (dev,) = out["devices"]
+    assert dev["ca_type"] == "MT4099" and dev["num_ports"] == 2
+    p1, p2 = dev["ports"]
+    assert (p1["state"], p1["physical_state"], p1["rate_gbps"]) == ("down", "disabled", 10.0)
+    assert (p2["state"], p2["physical_state"], p2["rate_gbps"]) == ("active", "linkup", 56.0)
+    assert p2["base_lid"] is None  # the published excerpt ends at 'Base lid:'
+    assert any("mlx4_0 port 1" in w and "placeholder" in w for w in out["warnings"])
+    assert len([e for e in out["errors"] if e.startswith("ibwarn:")]) == 4
+
+
+def test_ibstat_roce_ports_and_a_down_port() -> None:
+    out = parse("ibstat", load("ibstat", "mooncake_roce_and_down.txt"))
+    names = [d["name"] for d in out["devices"]]
+    assert names == ["mlx5_0", "mlx5_1", "mlx5_10"]
+    assert out["devices"][0]["ports"][0]["link_layer"] == "ethernet"
+    assert out["devices"][1]["node_guid"] == "0x58a2e10300dae627"
+    last = out["devices"][2]["ports"][0]
+    assert (last["state"], last["physical_state"], last["rate_gbps"]) == ("down", "disabled", None)
+
+
+def test_ibstatus_hdr_and_qdr() -> None:
+    hdr = parse("ibstatus", load("ibstatus", "hpc_wiki_hdr_active.txt"))
+    assert hdr["ports"] == [
+        {
+            "device": "mlx5_0",
+            "port": 1,
+            "state": "active",
+            "physical_state": "linkup",
+            "rate_gbps": 200.0,
+            "width": "4X",
+            "speed": "HDR",
+            "link_layer": "infiniband",
+        }
+    ]
+    qdr = parse("ibstatus", load("ibstatus", "cn_notes_qdr_active.txt"))
+    (p,) = qdr["ports"]
+    assert (p["device"], p["rate_gbps"], p["width"], p["speed"]) == ("mlx4_0", 40.0, "4X", "QDR")
+
+
+def test_iblinkinfo_switch_and_ca_ports() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "linpack_edr_sb7700.txt"))
+    links = out["links"]
+    assert len(links) == 2 + 18
+    ca = links[0]
+    assert ca["switch"] == "n02 HCA-1"
+    assert (ca["port"], ca["peer"], ca["peer_port"]) == (1, "MF0;SB7700:MSB7700/U1", 17)
+    assert (ca["width"], ca["lane_speed_gbps"], ca["rate_gbps"]) == ("4X", 25.78125, 100.0)
+    down = [lk for lk in links if lk["state"] == "down"]
+    assert len(down) == 16
+    assert all(lk["physical_state"] == "polling" and lk["peer"] is None and lk["rate_gbps"] is None for lk in down)
+    sw18 = links[-1]
+    assert (sw18["switch"], sw18["port"], sw18["peer"], sw18["peer_port"]) == (
+        "MF0;SB7700:MSB7700/U1",
+        18,
+        "n01 HCA-1",
+        1,
+    )
+
+
+def test_iblinkinfo_hdr_lane_speed_maps_to_200() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "nccltests71_hdr_edr_mix.txt"))
+    agg = next(lk for lk in out["links"] if lk["switch"] == "Mellanox Technologies Aggregation Node")
+    assert (agg["lane_speed_gbps"], agg["rate_gbps"], agg["peer_port"]) == (53.125, 200.0, 41)
+    assert len(out["links"]) == 8
+
+
+def test_ibdev2netdev_plain_and_column_t() -> None:
+    plain = parse("ibdev2netdev", load("ibdev2netdev", "daocloud_roce_up.txt"))
+    assert plain["mappings"] == [
+        {"device": "mlx5_0", "port": 1, "netdev": "enp4s0f0np0", "netdev_up": True},
+        {"device": "mlx5_1", "port": 1, "netdev": "enp4s0f1np1", "netdev_up": True},
+    ]
+    wide = parse("ibdev2netdev", load("ibdev2netdev", "imbue_h100_column_t.txt"))
+    assert len(wide["mappings"]) == 12
+    by_dev = {m["device"]: m for m in wide["mappings"]}
+    assert by_dev["mlx5_0"] == {"device": "mlx5_0", "port": 1, "netdev": "ibp26s0", "netdev_up": False}
+    assert by_dev["mlx5_7"]["netdev_up"] is True
+
+
+@pytest.mark.parametrize(
+    ("name", "lid", "guid", "activity", "priority"),
+    [
+        ("bda_master_prio14.txt", 15, "0x0010e0406d5aa0a0", 26263191, 14),
+        ("ompi_list_wrapped.txt", 2, "0x0002c90200259201", 6881, 0),
+    ],
+)
+def test_sminfo(name: str, lid: int, guid: str, activity: int, priority: int) -> None:
+    out = parse("sminfo", load("sminfo", name))
+    assert (out["lid"], out["guid"], out["activity_count"], out["priority"], out["state"]) == (
+        lid,
+        guid,
+        activity,
+        priority,
+        "master",
+    )
+
+
+def test_ibstat_rejects_ibstatus_output() -> None:
+    with pytest.raises(ParseError, match="not ibstat output"):
+        parse("ibstat", load("ibstatus", "hpc_wiki_hdr_active.txt"))

@@ -1,0 +1,115 @@
+"""Rendering: golden files, determinism, diff, and Ansible reading the result back."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from provisioner.render import build_inventory, render_files, render_inventory
+from provisioner.spec import load_cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+GOLDEN = ROOT / "tests" / "golden"
+GOLDEN_SPECS = ["h100-ndr-8node.yaml", "a100-hdr-4node.yaml"]
+
+
+def normalise(text: str) -> str:
+    """Golden files must not depend on where the repository or the home directory is."""
+    return text.replace(str(ROOT / "examples"), "__SPEC_DIR__").replace(os.path.expanduser("~"), "__HOME__")
+
+
+@pytest.mark.parametrize("spec", GOLDEN_SPECS)
+def test_golden_files(spec: str) -> None:
+    cluster, _ = load_cluster(ROOT / "examples" / spec)
+    files = {rel: normalise(text) for rel, text in render_files(cluster).items()}
+    gdir = GOLDEN / spec.removesuffix(".yaml")
+    if os.environ.get("PROVISIONER_UPDATE_GOLDEN") == "1":
+        shutil.rmtree(gdir, ignore_errors=True)
+        for rel, text in files.items():
+            (gdir / rel).parent.mkdir(parents=True, exist_ok=True)
+            (gdir / rel).write_text(text, encoding="utf-8")
+    want = {str(p.relative_to(gdir)): p.read_text(encoding="utf-8") for p in sorted(gdir.rglob("*.yml"))}
+    assert sorted(want) == sorted(files)
+    for rel in want:
+        assert files[rel] == want[rel], f"{rel} differs from the golden file (PROVISIONER_UPDATE_GOLDEN=1 to refresh)"
+
+
+def test_render_is_deterministic_and_diffs(tmp_path: Path) -> None:
+    cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
+    first = render_inventory(cluster, tmp_path)
+    snapshot = {p: p.read_bytes() for p in first.out_dir.rglob("*.yml")}
+    assert len(first.written) == len(snapshot) == 12
+    second = render_inventory(cluster, tmp_path)
+    assert second.written == [] and second.removed == [] and second.diff == ""
+    assert {p: p.read_bytes() for p in second.out_dir.rglob("*.yml")} == snapshot
+    # a spec change shows as a diff and rewrites only what changed
+    (first.out_dir / "host_vars" / "stale.yml").write_text("x: 1\n")
+    spec2 = tmp_path / "c.yaml"
+    spec2.write_text((ROOT / "examples" / "h100-ndr-8node.yaml").read_text().replace("priority: 14", "priority: 13"))
+    (tmp_path / "keys").mkdir()
+    cluster2, _ = load_cluster(spec2)
+    third = render_inventory(cluster2, tmp_path)
+    assert "host_vars/sm2.yml" in third.written and "host_vars/stale.yml" in third.removed
+    assert "-opensm_priority: 14\n+opensm_priority: 13\n" in third.diff
+
+
+def test_inventory_groups_and_vars() -> None:
+    cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
+    inv = build_inventory(cluster)
+    assert inv.groups["compute"] == [f"gpu0{i}" for i in range(1, 9)]
+    assert inv.groups["opensm"] == ["sm1", "sm2"]
+    assert inv.groups["rail_7"] == [f"gpu0{i}" for i in range(1, 9)]
+    assert inv.groups["leaf_rail0"] == [f"gpu0{i}" for i in range(1, 9)] + ["sm1", "sm2"]
+    hv = inv.hostvars["gpu03"]
+    assert hv["nccl_conf"]["NCCL_IB_HCA"] == ",".join(f"=mlx5_{i}:1" for i in range(8))
+    assert hv["nvidia_driver_fabric_manager"] is True and hv["nvidia_peermem_enabled"] is True
+    assert hv["nfs_client_mounts"][0]["transport"] == "rdma"
+    assert inv.hostvars["sm1"]["opensm_priority"] == 15 and inv.hostvars["sm1"]["opensm_device"] == "mlx5_0"
+    allv = inv.groupvars["all"]
+    assert allv["opensm_routing_engines"] == ["ar_updn", "updn"]
+    assert allv["opensm_partitions"][0] == {"name": "training", "pkey": "0x0001", "membership": "full",
+                                            "members": [f"gpu0{i}" for i in range(1, 9)], "ipoib": True}
+    assert "StrictHostKeyChecking=yes" in allv["ansible_ssh_common_args"]
+
+
+def test_ansible_reads_the_rendered_inventory(tmp_path: Path) -> None:
+    import ansible_runner
+
+    cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
+    res = render_inventory(cluster, tmp_path)
+    out, err = ansible_runner.get_inventory(action="list", inventories=[str(res.out_dir / "hosts.yml")],
+                                            response_format="json", quiet=True)
+    assert isinstance(out, dict), err
+    assert sorted(out["compute"]["hosts"]) == [f"gpu0{i}" for i in range(1, 9)]
+    assert out["_meta"]["hostvars"]["sm2"]["opensm_priority"] == 14
+    assert out["_meta"]["hostvars"]["gpu01"]["ansible_host"] == "10.10.0.11"
+
+
+def test_inventory_plugin_reads_the_spec_directly() -> None:
+    import json
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "ansible-inventory"
+    proc = subprocess.run([str(exe), "-i", "examples/h100-ndr-8node.yaml", "--list"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    rendered = build_inventory(load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")[0])
+    assert sorted(data["compute"]["hosts"]) == rendered.groups["compute"]
+    # values from the plugin come back tagged unsafe (never templated): compare their text
+    assert unwrap(data["_meta"]["hostvars"]["gpu02"]["nccl_conf"]) == rendered.hostvars["gpu02"]["nccl_conf"]
+    assert unwrap(data["_meta"]["hostvars"]["sm1"]["opensm_priority"]) == 15
+
+
+def unwrap(value: object) -> object:
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return value["__ansible_unsafe"]
+        return {k: unwrap(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [unwrap(v) for v in value]
+    return value

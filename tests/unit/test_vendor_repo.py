@@ -1,0 +1,162 @@
+"""The lab's vendor repository: real .debs, a signed index, and apt itself as the judge."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from provisioner.errors import LabError
+from provisioner.lab.packages import VendorVersions, recipes_for
+from provisioner.lab.vendor_repo import (
+    KEYRING_NAME,
+    RepoInfo,
+    build_vendor_repo,
+    collect_recipes,
+    ensure_signing_key,
+    export_keyring,
+)
+
+pytestmark = pytest.mark.skipif(
+    not (shutil.which("dpkg-deb") and shutil.which("gpg") and shutil.which("apt-get")),
+    reason="needs dpkg-deb, gpg and apt-get",
+)
+
+PINNED = VendorVersions()
+DRIFT = replace(PINNED, driver="550.127.05", nccl="2.23.4")
+
+
+@pytest.fixture(scope="module")
+def repo(tmp_path_factory: pytest.TempPathFactory) -> RepoInfo:
+    base = tmp_path_factory.mktemp("vendor")
+    return build_vendor_repo(base / "repo", [PINNED, DRIFT])
+
+
+def _apt(repo: RepoInfo, tmp: Path, keyring: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run apt on the host against only this repo, touching none of the host's apt state."""
+    (tmp / "state" / "lists" / "partial").mkdir(parents=True, exist_ok=True)
+    (tmp / "cache" / "archives" / "partial").mkdir(parents=True, exist_ok=True)
+    (tmp / "status").touch()
+    sources = tmp / "sources.list"
+    sources.write_text(f"deb [signed-by={keyring}] {repo.url_for_file_repo} bookworm main\n")
+    prefs = tmp / "preferences"
+    prefs.write_text("Package: libnccl2\nPin: version 2.21.5-1+cuda12.4\nPin-Priority: 1001\n")
+    opts = [
+        f"-oDir::Etc::sourcelist={sources}",
+        "-oDir::Etc::sourceparts=-",
+        f"-oDir::State={tmp / 'state'}",
+        f"-oDir::State::status={tmp / 'status'}",
+        f"-oDir::Cache={tmp / 'cache'}",
+        f"-oDir::Etc::preferences={prefs}",
+        "-oDir::Etc::preferencesparts=-",
+        "-oAPT::Sandbox::User=root",
+        "-oDebug::NoLocking=1",
+    ]
+    tool = args[0]
+    return subprocess.run([tool, *opts, *args[1:]], capture_output=True, text=True, cwd=tmp, check=False)
+
+
+def test_layout_and_signatures_exist(repo: RepoInfo) -> None:
+    for suite in ("bookworm", "jammy", "noble"):
+        dist = repo.path / "dists" / suite
+        assert (dist / "InRelease").read_text().startswith("-----BEGIN PGP SIGNED MESSAGE-----")
+        assert "BEGIN PGP SIGNATURE" in (dist / "Release.gpg").read_text()
+        assert (dist / "main" / "binary-amd64" / "Packages.gz").is_file()
+    assert repo.keyring_path == repo.path / KEYRING_NAME
+    assert repo.keyring_path.read_bytes()[:1] != b"-"  # binary keyring, not armored
+    # The secret key lives outside the (bind-mounted) repository.
+    assert not list(repo.path.rglob("private-keys-v1.d"))
+
+
+def test_apt_accepts_signature_and_sees_pinned_and_drift(repo: RepoInfo, tmp_path: Path) -> None:
+    update = _apt(repo, tmp_path, repo.keyring_path, "apt-get", "update")
+    assert update.returncode == 0, update.stdout + update.stderr
+    assert "NO_PUBKEY" not in update.stderr
+    policy = _apt(repo, tmp_path, repo.keyring_path, "apt-cache", "policy", "libnccl2", "nvidia-driver-550-open")
+    assert "2.21.5-1+cuda12.4" in policy.stdout and "2.23.4-1+cuda12.4" in policy.stdout
+    # The pin wins over the newer drift version.
+    assert "Candidate: 2.21.5-1+cuda12.4" in policy.stdout
+    assert "550.127.05-0ubuntu1" in policy.stdout and "550.90.07-0ubuntu1" in policy.stdout
+    fetched = _apt(repo, tmp_path, repo.keyring_path, "apt-get", "download", "nvidia-utils-550=550.90.07-0ubuntu1")
+    assert fetched.returncode == 0, fetched.stderr
+    deb = tmp_path / "nvidia-utils-550_550.90.07-0ubuntu1_amd64.deb"
+    listing = subprocess.run(["dpkg-deb", "-c", str(deb)], capture_output=True, text=True, check=True).stdout
+    assert "./usr/bin/nvidia-smi" in listing and "root/root" in listing
+
+
+def test_apt_rejects_a_wrong_key(repo: RepoInfo, tmp_path: Path) -> None:
+    other_home = tmp_path / "other.gnupg"
+    fpr = ensure_signing_key(other_home)
+    wrong = tmp_path / "wrong.gpg"
+    export_keyring(other_home, fpr, wrong)
+    subprocess.run(["gpgconf", "--kill", "gpg-agent"], env={"GNUPGHOME": str(other_home)}, check=False)
+    update = _apt(repo, tmp_path, wrong, "apt-get", "update")
+    assert "NO_PUBKEY" in update.stdout + update.stderr
+    policy = _apt(repo, tmp_path, wrong, "apt-cache", "policy", "libnccl2")
+    assert "2.21.5" not in policy.stdout
+
+
+def _extract(repo: RepoInfo, name: str, version: str, dest: Path) -> Path:
+    deb = next(repo.path.glob(f"pool/main/*/{name}/{name}_{version}_amd64.deb"))
+    subprocess.run(["dpkg-deb", "-x", str(deb), str(dest)], check=True)
+    return dest
+
+
+def test_packages_install_real_files(repo: RepoInfo, tmp_path: Path) -> None:
+    root = _extract(repo, "cuda-toolkit-12-4", "12.4.1-1", tmp_path / "cuda")
+    manifest = json.loads((root / "usr/local/cuda-12.4/version.json").read_text())
+    assert manifest["cuda"] == {"name": "CUDA SDK", "version": "12.4.1"}
+    root = _extract(repo, "libnccl2", "2.21.5-1+cuda12.4", tmp_path / "nccl")
+    lib = root / "usr/lib/x86_64-linux-gnu"
+    assert (lib / "libnccl.so.2.21.5").is_file() and (lib / "libnccl.so.2").readlink() == Path("libnccl.so.2.21.5")
+    root = _extract(repo, "nvidia-dkms-550-open", "550.90.07-0ubuntu1", tmp_path / "dkms")
+    store = root / "usr/lib/provisioner-lab/modules/nvidia-550.90.07-open"
+    assert {p.name for p in store.iterdir()} >= {"nvidia.ko", "nvidia_uvm.ko", "nvidia_peermem.ko"}
+    driver = json.loads((root / "usr/lib/provisioner-lab/nvidia-driver.version").read_text())
+    assert driver == {"version": "550.90.07", "cuda": "12.4", "flavor": "open"}
+
+
+def test_module_postinst_installs_for_every_kernel(repo: RepoInfo, tmp_path: Path) -> None:
+    deb = next(repo.path.glob("pool/main/n/nvidia-dkms-550-open/*550.90.07*.deb"))
+    ctrl = tmp_path / "ctrl"
+    subprocess.run(["dpkg-deb", "-e", str(deb), str(ctrl)], check=True)
+    script = (ctrl / "postinst").read_text()
+    assert "ls /lib/modules" in script and "uname -r" in script and "updates/dkms" in script
+    assert "updates/dkms" in (ctrl / "prerm").read_text()
+
+
+def test_rebuild_is_skipped_when_inputs_unchanged(tmp_path: Path) -> None:
+    messages: list[str] = []
+    first = build_vendor_repo(tmp_path / "repo", PINNED)
+    stamp = (first.path / "dists/bookworm/InRelease").stat().st_mtime_ns
+    again = build_vendor_repo(tmp_path / "repo", PINNED, messages.append)
+    assert any("up to date" in m for m in messages)
+    assert (again.path / "dists/bookworm/InRelease").stat().st_mtime_ns == stamp
+    changed = build_vendor_repo(tmp_path / "repo", replace(PINNED, nccl="2.23.4"))
+    assert ("libnccl2", "2.23.4-1+cuda12.4") in changed.packages
+    assert "2.23.4-1+cuda12.4" in (changed.path / "dists/bookworm/main/binary-amd64/Packages").read_text()
+
+
+def test_real_package_names_and_versions() -> None:
+    keys = {r.key for r in recipes_for(PINNED)}
+    assert ("nvidia-driver-550-open", "550.90.07-0ubuntu1") in keys
+    assert ("cuda-drivers-550", "550.90.07-1") in keys
+    assert ("nvidia-fabricmanager-550", "550.90.07-1") in keys
+    assert ("cuda-toolkit-12-4", "12.4.1-1") in keys
+    assert ("libnccl2", "2.21.5-1+cuda12.4") in keys and ("libnccl-dev", "2.21.5-1+cuda12.4") in keys
+    assert "doca-ofed" in {name for name, _ in keys}
+    mlnx = {r.name for r in recipes_for(replace(PINNED, ofed_kind="mlnx", ofed="23.10-2.1.3.1"))}
+    assert {"mlnx-ofed-basic", "mlnx-ofed-all"} <= mlnx and "doca-ofed" not in mlnx
+    closed = {r.name for r in recipes_for(replace(PINNED, driver_flavor="proprietary"))}
+    assert "nvidia-driver-550" in closed and "nvidia-dkms-550" in closed
+
+
+def test_conflicting_duplicates_are_refused() -> None:
+    with pytest.raises(LabError, match="different contents"):
+        collect_recipes([PINNED, replace(PINNED, driver_flavor="proprietary", ofed_kind="mlnx")])
+    with pytest.raises(LabError):
+        collect_recipes([])
