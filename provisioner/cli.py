@@ -260,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     if args and not args[0].startswith("-") and args[0] not in COMMANDS:
         args.insert(0, "up")
     try:
-        app(args=args, prog_name="provision", standalone_mode=False)
+        # without standalone mode click returns the code of a typer.Exit instead of raising it
+        rc = app(args=args, prog_name="provision", standalone_mode=False)
     except SpecInvalid as exc:
         _print_diagnostics([d for d in exc.diagnostics if isinstance(d, Diagnostic)])
         errors = sum(1 for d in exc.diagnostics if isinstance(d, Diagnostic) and d.severity == "error")
@@ -282,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"provision: internal error: {type(exc).__name__}: {exc} "
                   "(please report it with the command you ran)", markup=False)
         return 3
-    return 0
+    return rc if isinstance(rc, int) else 0
 
 
 if __name__ == "__main__":

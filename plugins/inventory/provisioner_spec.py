@@ -57,8 +57,11 @@ class InventoryModule(BaseInventoryPlugin):  # type: ignore[misc]
             self.inventory.add_group(group)
             for h in hosts:
                 self.inventory.add_host(h, group=group)
-        for key, value in inv.groupvars.get("all", {}).items():
-            self.inventory.set_variable("all", key, value)
+        for group, gvars in inv.groupvars.items():
+            if group != "all":
+                self.inventory.add_group(group)
+            for key, value in gvars.items():
+                self.inventory.set_variable(group, key, value)
         for host, hv in inv.hostvars.items():
             for key, value in hv.items():
                 self.inventory.set_variable(host, key, value)

@@ -16,8 +16,17 @@ from provisioner.errors import ParseError
 from provisioner.parsers._common import norm_phys_state, norm_state, require_text, to_float
 
 #: Lane signalling rate as printed -> nominal per-lane data rate used in "Rate" figures.
-_LANE_NOMINAL = {2.5: 2.5, 5.0: 5.0, 10.0: 10.0, 10.3125: 10.0, 14.0625: 14.0, 25.78125: 25.0,
-                 53.125: 50.0, 106.25: 100.0, 212.5: 200.0}
+_LANE_NOMINAL = {
+    2.5: 2.5,
+    5.0: 5.0,
+    10.0: 10.0,
+    10.3125: 10.0,
+    14.0625: 14.0,
+    25.78125: 25.0,
+    53.125: 50.0,
+    106.25: 100.0,
+    212.5: 200.0,
+}
 
 _NODE_RE = re.compile(r"^(?P<kind>Switch|CA):\s+(?:(?P<guid>0x[0-9a-fA-F]+)\s+)?(?P<name>.*?):?\s*$")
 _LINK_RE = re.compile(

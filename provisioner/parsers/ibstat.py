@@ -122,8 +122,15 @@ def parse_ibstat(text: str) -> dict[str, Any]:
             continue
         key, value = kv.group(1).strip().lower(), kv.group(2)
         if port is not None and key in (
-            "state", "physical state", "rate", "base lid", "lmc", "sm lid",
-            "capability mask", "port guid", "link layer",
+            "state",
+            "physical state",
+            "rate",
+            "base lid",
+            "lmc",
+            "sm lid",
+            "capability mask",
+            "port guid",
+            "link layer",
         ):
             _set_port_field(port, key, value)
         else:

@@ -125,8 +125,13 @@ def _parse_text(text: str) -> dict[str, Any]:
     if oob is None and rows and all(r["wrong"] is None for r in rows):
         warnings.append("data validation results not printed")
     ok = (
-        bool(rows) and not errors and not oob_failed and not avg_failed and (oob or 0) == 0
-        and all((r["wrong"] or 0) == 0 for r in rows) and avg is not None
+        bool(rows)
+        and not errors
+        and not oob_failed
+        and not avg_failed
+        and (oob or 0) == 0
+        and all((r["wrong"] or 0) == 0 for r in rows)
+        and avg is not None
     )
     return {
         "tool": "nccl-tests",
@@ -166,11 +171,18 @@ def _parse_json(doc: dict[str, Any]) -> dict[str, Any]:
         oa, ob, ow = _json_group(rec, "out_of_place")
         ia, ib, iw = _json_group(rec, "in_place")
         wrongs = [w for w in (ow, iw) if w is not None]
-        rows.append({
-            "size_bytes": rec["size"], "count": rec.get("count"), "type": rec.get("type"),
-            "oop_algbw_gbs": oa, "oop_busbw_gbs": ob, "ip_algbw_gbs": ia, "ip_busbw_gbs": ib,
-            "wrong": sum(wrongs) if wrongs else None,
-        })
+        rows.append(
+            {
+                "size_bytes": rec["size"],
+                "count": rec.get("count"),
+                "type": rec.get("type"),
+                "oop_algbw_gbs": oa,
+                "oop_busbw_gbs": ob,
+                "ip_algbw_gbs": ia,
+                "ip_busbw_gbs": ib,
+                "wrong": sum(wrongs) if wrongs else None,
+            }
+        )
     args = doc.get("args")
     op = _op_name(args[0]) if isinstance(args, list) and args and isinstance(args[0], str) else None
     config = doc.get("config")
@@ -184,14 +196,25 @@ def _parse_json(doc: dict[str, Any]) -> dict[str, Any]:
     errors = [e for e in doc.get("errors", []) if isinstance(e, str) and e]
     oob_count = oob.get("count") if isinstance(oob.get("count"), int) else None
     ok = (
-        bool(rows) and not errors and oob_count in (0, None) and avg_doc.get("okay") != "false"
-        and all((r["wrong"] or 0) == 0 for r in rows) and avg is not None
+        bool(rows)
+        and not errors
+        and oob_count in (0, None)
+        and avg_doc.get("okay") != "false"
+        and all((r["wrong"] or 0) == 0 for r in rows)
+        and avg is not None
     )
     return {
-        "tool": "nccl-tests", "format": "json", "op": op,
+        "tool": "nccl-tests",
+        "format": "json",
+        "op": op,
         "nranks": len(devices) if isinstance(devices, list) else None,
-        "rows": rows, "avg_busbw_gbs": avg, "largest": _summarise(rows),
-        "out_of_bounds": oob_count, "ok": ok, "errors": errors, "warnings": [],
+        "rows": rows,
+        "avg_busbw_gbs": avg,
+        "largest": _summarise(rows),
+        "out_of_bounds": oob_count,
+        "ok": ok,
+        "errors": errors,
+        "warnings": [],
     }
 
 

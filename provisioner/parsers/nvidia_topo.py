@@ -50,13 +50,13 @@ def parse_nvidia_smi_topo(text: str) -> dict[str, Any]:
         raise ParseError("nvidia-smi-topo: header row names no GPU column")
     matrix: dict[str, dict[str, str]] = {}
     warnings: list[str] = []
-    for ln in lines[header_idx + 1:]:
+    for ln in lines[header_idx + 1 :]:
         cells = ln.split()
         if not cells or cells[0] not in columns:
             if cells and cells[0] == "Legend:":
                 break
             continue
-        links = cells[1:1 + len(columns)]
+        links = cells[1 : 1 + len(columns)]
         if len(links) < len(columns) or not all(_LINK_RE.match(c) for c in links):
             warnings.append(f"row {cells[0]}: could not read {len(columns)} link cells")
             continue

@@ -22,17 +22,21 @@ _LAT_RE = re.compile(r"^\s*\S+.*\bLatency Test\s*$")
 _COLS_RE = re.compile(r"^\s*#bytes\s+#iterations\s+BW peak\[([A-Za-z/]+)\]\s+BW average\[([A-Za-z/]+)\]")
 _ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\b")
 _DEVICE_RE = re.compile(r"\bDevice\s*:\s*(\S+)")
-_CUDA_DEV_RE = re.compile(r"\[pid = \d+, dev = (\d+)\]|Picking device No\. (\d+)")
-_CUDA_MARK_RE = re.compile(r"initializing CUDA|cuMemAlloc|CUDA device|use_cuda|supports CUDA", re.IGNORECASE)
-_ERROR_RE = re.compile(
-    r"\b(?:fail(?:ed|ure)?|error|couldn't|could not|unable to)\b|syndrom", re.IGNORECASE
+_CUDA_DEV_RE = re.compile(r"\[pid = \d+, dev = (\d+)\]|Picking device No\. (\d+)|Using ROCm Device with ID: (\d+)")
+_CUDA_MARK_RE = re.compile(
+    r"initializing CUDA|cuMemAlloc|CUDA device|use_cuda|supports CUDA|Using ROCm Device|Use ROCm memory\s*:\s*ON",
+    re.IGNORECASE,
 )
+_ERROR_RE = re.compile(r"\b(?:fail(?:ed|ure)?|error|couldn't|could not|unable to)\b|syndrom", re.IGNORECASE)
 _NOT_ERRORS = ("Perftest doesn't supports CUDA", "Conflicting CPU frequency")
 _PERFTEST_ONLY_ERRORS = (
     "Unable to init the socket connection",
     "Couldn't connect to",
     "Unable to open file descriptor for socket connection",
     "Couldn't get device info",
+    "Failed to complete run_iter_bw",
+    "Completion with error at client",
+    "Completion with error at server",
 )
 
 _TESTS = {
@@ -87,13 +91,15 @@ def parse_perftest(text: str) -> dict[str, Any]:
             r = _ROW_RE.match(line)
             if r:
                 peak, avg = float(r.group(3)), float(r.group(4))
-                results.append({
-                    "bytes": int(r.group(1)),
-                    "iterations": int(r.group(2)),
-                    "bw_peak_gbps": _to_gbps(peak, unit),
-                    "bw_avg_gbps": _to_gbps(avg, unit),
-                    "msg_rate_mpps": to_float(r.group(5)),
-                })
+                results.append(
+                    {
+                        "bytes": int(r.group(1)),
+                        "iterations": int(r.group(2)),
+                        "bw_peak_gbps": _to_gbps(peak, unit),
+                        "bw_avg_gbps": _to_gbps(avg, unit),
+                        "msg_rate_mpps": to_float(r.group(5)),
+                    }
+                )
                 continue
         if device is None:
             d = _DEVICE_RE.search(line)
@@ -101,7 +107,7 @@ def parse_perftest(text: str) -> dict[str, Any]:
                 device = d.group(1)
         c = _CUDA_DEV_RE.search(line)
         if c and cuda_device is None:
-            cuda_device = to_int(c.group(1) or c.group(2))
+            cuda_device = to_int(c.group(1) or c.group(2) or c.group(3))
         stripped = line.strip()
         if any(stripped.startswith(n) for n in _NOT_ERRORS):
             if stripped.startswith("Conflicting CPU frequency"):

@@ -31,12 +31,14 @@ def parse_ibdev2netdev(text: str) -> dict[str, Any]:
             continue
         netdev = m.group("net")
         up = m.group("up")
-        mappings.append({
-            "device": m.group("dev"),
-            "port": int(m.group("port")),
-            "netdev": None if netdev in ("N/A", "NA") else netdev,
-            "netdev_up": None if up is None else up == "Up",
-        })
+        mappings.append(
+            {
+                "device": m.group("dev"),
+                "port": int(m.group("port")),
+                "netdev": None if netdev in ("N/A", "NA") else netdev,
+                "netdev_up": None if up is None else up == "Up",
+            }
+        )
     if not mappings:
         raise ParseError("ibdev2netdev: no '<dev> port N ==> <netdev>' line found")
     if any(mp["netdev"] is None for mp in mappings):
@@ -46,9 +48,7 @@ def parse_ibdev2netdev(text: str) -> dict[str, Any]:
 
 # --- ofed_info -s --------------------------------------------------------------------------------
 
-_OFED_RE = re.compile(
-    r"^\s*(?P<flavor>MLNX_OFED_LINUX|OFED-internal|OFED)-(?P<ver>[0-9][0-9A-Za-z.\-]*?)(?::)?\s*$"
-)
+_OFED_RE = re.compile(r"^\s*(?P<flavor>MLNX_OFED_LINUX|OFED-internal|OFED)-(?P<ver>[0-9][0-9A-Za-z.\-]*?)(?::)?\s*$")
 
 
 def parse_ofed_info(text: str) -> dict[str, Any]:
@@ -67,9 +67,7 @@ def parse_ofed_info(text: str) -> dict[str, Any]:
 # --- lsmod ---------------------------------------------------------------------------------------
 
 _LSMOD_HEAD_RE = re.compile(r"^\s*Module\s+Size\s+Used by\s*$")
-_LSMOD_ROW_RE = re.compile(
-    r"^(?P<name>[A-Za-z0-9_\-]+)\s+(?P<size>\d+)\s+(?P<count>-?\d+|-)(?:\s+(?P<by>\S.*))?$"
-)
+_LSMOD_ROW_RE = re.compile(r"^(?P<name>[A-Za-z0-9_\-]+)\s+(?P<size>\d+)\s+(?P<count>-?\d+|-)(?:\s+(?P<by>\S.*))?$")
 
 
 def parse_lsmod(text: str) -> dict[str, Any]:
@@ -82,7 +80,7 @@ def parse_lsmod(text: str) -> dict[str, Any]:
         raise ParseError("lsmod: no 'Module  Size  Used by' header found") from None
     modules: dict[str, dict[str, Any]] = {}
     warnings: list[str] = []
-    for line in lines[start + 1:]:
+    for line in lines[start + 1 :]:
         if not line.strip():
             continue
         m = _LSMOD_ROW_RE.match(line.strip())
@@ -106,8 +104,12 @@ _SMINFO_RE = re.compile(
     r"sminfo:\s+sm lid\s+(?P<lid>\d+)\s+sm guid\s+(?P<guid>0x[0-9a-fA-F]+),\s*activity count\s+(?P<act>\d+)"
     r"\s+priority\s+(?P<prio>\d+)\s+state\s+(?P<code>\d+)\s+(?P<name>SMINFO_\w+)"
 )
-_SM_STATES = {"SMINFO_NOTACT": "notactive", "SMINFO_DISCOVER": "discovering",
-              "SMINFO_STANDBY": "standby", "SMINFO_MASTER": "master"}
+_SM_STATES = {
+    "SMINFO_NOTACT": "notactive",
+    "SMINFO_DISCOVER": "discovering",
+    "SMINFO_STANDBY": "standby",
+    "SMINFO_MASTER": "master",
+}
 
 
 def parse_sminfo(text: str) -> dict[str, Any]:
@@ -160,5 +162,10 @@ def parse_opensm_conf(text: str) -> dict[str, Any]:
         v.strip().lower() not in ("0", "false", "disable", "disabled", "none") for v in ar_flags
     )
     warnings = [] if engines else ["routing_engine not set: opensm uses minhop"]
-    return {"tool": "opensm-conf", "options": options, "routing_engines": engines,
-            "adaptive_routing": ar, "warnings": warnings}
+    return {
+        "tool": "opensm-conf",
+        "options": options,
+        "routing_engines": engines,
+        "adaptive_routing": ar,
+        "warnings": warnings,
+    }

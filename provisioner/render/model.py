@@ -82,10 +82,10 @@ def build_inventory(cluster: Cluster) -> Inventory:
             add("nvswitch_nodes", n.name)
         if any(p.link_layer == "infiniband" for p in n.ports):
             add("ib_nodes", n.name)
+    tiers = {s.name: s.tier for s in cluster.switches}
     for cab in cluster.cables:
-        sw = next(s for s in cluster.switches if s.name == cab.switch)
-        if sw.tier == "leaf" and cab.node not in inv.groups.get(f"leaf_{_group_name(sw.name)}", []):
-            add(f"leaf_{_group_name(sw.name)}", cab.node)
+        if tiers.get(cab.switch) == "leaf":
+            add(f"leaf_{_group_name(cab.switch)}", cab.node)
 
     # storage clients
     nfs_by_host: dict[str, list[dict[str, Any]]] = {}
@@ -115,19 +115,18 @@ def build_inventory(cluster: Cluster) -> Inventory:
         full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
         partitions.append({
             "name": part.name, "pkey": f"{part.pkey & 0x7FFF:#06x}", "membership": "full" if full else "limited",
-            "members": members(part.members, cluster), "ipoib": part.ipoib})
+            "members": members(part.members, cluster), "ipoib": part.ipoib,
+            "member_set": set(members(part.members, cluster))})
 
-    for n in cluster.nodes:
-        hv: dict[str, Any] = {
-            "ansible_host": n.address,
-            "provisioner_profile": n.profile,
-            "provisioner_roles": list(n.roles),
+    # What every node of a profile shares goes to group_vars/profile_<name>.yml (small host_vars, fast renders).
+    for pname in sorted({n.profile for n in cluster.nodes}):
+        n = next(x for x in cluster.nodes if x.profile == pname)
+        inv.groupvars[f"profile_{_group_name(pname)}"] = {
             "provisioner_expected_ports": [
                 {"device": p.device, "port": p.port, "rate_gbps": p.rate_gbps, "width": p.width,
                  "link_layer": p.link_layer, "rail": p.rail, "gpu": p.gpu, "numa": p.numa, "netdev": p.netdev,
                  "pci": p.pci, "purpose": p.purpose}
                 for p in n.ports],
-            "provisioner_known_guids": dict(sorted(n.guids.items())),
             "preflight_gpu_count": n.gpu_count,
             "preflight_gpu_model": n.gpu_model,
             "preflight_hca_devices": [p.device for p in n.ports],
@@ -136,11 +135,19 @@ def build_inventory(cluster: Cluster) -> Inventory:
                                              if spec.software.fabric_manager is not None else n.nvswitch),
             "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),
             "nccl_conf": _nccl_env(cluster, n),
+        }
+
+    for n in cluster.nodes:
+        hv: dict[str, Any] = {"ansible_host": n.address, "provisioner_profile": n.profile,
+                              "provisioner_roles": list(n.roles)}
+        optional: dict[str, Any] = {
+            "provisioner_known_guids": dict(sorted(n.guids.items())),
             "nfs_client_mounts": nfs_by_host.get(n.name, []),
             "nfs_server_exports": exports_by_host.get(n.name, []),
             "lustre_client_mounts": lustre_by_host.get(n.name, []),
-            "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["members"]],
+            "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["member_set"]],
         }
+        hv.update({k: v for k, v in optional.items() if v})
         if n.name in sm_nodes:
             s = sm_nodes[n.name]
             ib = [p for p in n.ports if p.link_layer == "infiniband"]
@@ -149,6 +156,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
             hv["opensm_port"] = next((p.port for p in ib if p.device == hv["opensm_device"]), 1)
             add("opensm", n.name)
         inv.hostvars[n.name] = hv
+    for part_vars in partitions:
+        del part_vars["member_set"]
 
     key_file = _spec_relative(cluster, spec.ssh.key)
     known_hosts = _spec_relative(cluster, spec.ssh.known_hosts)
@@ -200,8 +209,9 @@ def build_inventory(cluster: Cluster) -> Inventory:
         allv["ansible_ssh_private_key_file"] = key_file
     inv.groupvars["all"] = allv
 
+    order = {h: i for i, h in enumerate(all_hosts)}
     for g in inv.groups:
-        inv.groups[g] = sorted(set(inv.groups[g]), key=all_hosts.index)
+        inv.groups[g] = sorted(set(inv.groups[g]), key=order.__getitem__)
     inv.groups = dict(sorted(inv.groups.items()))
     return inv
 

@@ -8,6 +8,10 @@ from typing import Literal
 Severity = Literal["error", "warning"]
 
 
+def _one_line(text: str) -> str:
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in " ".join(text.split()))
+
+
 @dataclass(frozen=True, order=True)
 class Diagnostic:
     file: str
@@ -19,9 +23,10 @@ class Diagnostic:
     hint: str = ""
 
     def format(self) -> str:
-        tail = f" ({self.hint})" if self.hint else ""
+        """One line, always: control characters from the input are shown escaped, never printed."""
+        tail = f" ({_one_line(self.hint)})" if self.hint else ""
         level = "" if self.severity == "error" else "warning: "
-        return f"{self.file}:{self.line}:{self.col}: {self.rule}: {level}{self.message}{tail}"
+        return f"{self.file}:{self.line}:{self.col}: {self.rule}: {level}{_one_line(self.message)}{tail}"
 
     def to_json(self) -> dict[str, object]:
         return {

@@ -401,7 +401,38 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> Lo
         spec = Spec.model_validate(data)
     except ValidationError as exc:
         _schema_diagnostics(exc, rep)
+        repaired = _repair(data, exc)
+        if repaired is None:
+            return LoadResult(None, sorted(set(rep.items), key=_order))
+        # The rest of the spec is still checked (references, duplicates, design rules), so one run reports
+        # every problem; the cluster itself is not returned, since part of the spec was set aside.
+        spec_ok, kept = repaired
+        _expand_and_check(spec_ok, _RemappedReport(rep, kept), addresses)
         return LoadResult(None, sorted(set(rep.items), key=_order))
+    cluster = _expand_and_check(spec, rep, addresses)
+    return LoadResult(cluster, sorted(set(rep.items), key=_order))
+
+
+class _RemappedReport(_Report):
+    """Reports against the original document while checking a repaired copy whose lists lost items."""
+
+    def __init__(self, inner: _Report, kept: dict[tuple[str | int, ...], list[int]]) -> None:
+        super().__init__(inner.located, inner.file)
+        self.items = inner.items
+        self.kept = kept
+
+    def add(self, path: Path, rule: str, message: str, hint: str = "", *,
+            severity: Severity = "error", key: bool = False) -> None:
+        out: list[str | int] = []
+        for part in path:
+            prefix = tuple(out)
+            if isinstance(part, int) and prefix in self.kept and part < len(self.kept[prefix]):
+                part = self.kept[prefix][part]
+            out.append(part)
+        super().add(tuple(out), rule, message, hint, severity=severity, key=key)
+
+
+def _expand_and_check(spec: Spec, rep: _Report, addresses: dict[str, str]) -> Cluster:
     cluster = _expand(spec, rep)
     if addresses:
         from dataclasses import replace
@@ -410,7 +441,59 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> Lo
     from provisioner.spec.rules import run_rules
 
     run_rules(cluster, rep)
-    return LoadResult(cluster, sorted(set(rep.items), key=_order))
+    return cluster
+
+
+def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tuple[str | int, ...], list[int]]] | None:
+    """The spec with each broken part set aside (its list item dropped, or its key left to the default).
+
+    None when a broken part is required and has no default: then only the schema errors are reported.
+    """
+    import copy
+
+    doc = copy.deepcopy(data)
+    removals: list[tuple[str | int, ...]] = []
+    for err in exc.errors():
+        loc = [p for p in err["loc"] if isinstance(p, str | int)]
+        # walk the data: stop at the deepest list item on the way (drop it), else the key itself
+        node: Any = doc
+        cut: tuple[str | int, ...] | None = None
+        walked: list[str | int] = []
+        for part in loc:
+            if isinstance(node, dict) and part in node:
+                walked.append(part)
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node):
+                walked.append(part)
+                cut = tuple(walked)
+                node = node[part]
+            else:
+                break
+        if cut is None:
+            if err["type"] == "missing" or not walked:
+                return None
+            cut = tuple(walked)
+        removals.append(cut)
+    kept: dict[tuple[str | int, ...], list[int]] = {}
+    for path in sorted(set(removals), key=lambda p: [(1, x) if isinstance(x, int) else (0, x) for x in p],
+                       reverse=True):
+        parent: Any = doc
+        try:
+            for part in path[:-1]:
+                parent = parent[part]
+            last = path[-1]
+            if isinstance(parent, list) and isinstance(last, int):
+                # remember which original index each remaining item had (paths are in original indices, since
+                # removals run deepest and last first and never shift an earlier sibling)
+                idx = kept.setdefault(path[:-1], list(range(len(parent))))
+                del idx[last]
+            del parent[last]
+        except (KeyError, IndexError, TypeError):
+            return None
+    try:
+        return Spec.model_validate(doc), kept
+    except ValidationError:
+        return None
 
 
 def _order(d: Diagnostic) -> tuple[int, int, str, str]:

@@ -97,8 +97,15 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
         problems.append(YamlProblem("YAML-SYNTAX", mark, f"YAML syntax error: {what}",
                                     "fix the indentation or quoting at this position"))
         return None, problems
+    except yaml.reader.ReaderError as exc:
+        before = text[: exc.position]
+        mark = Mark(before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1)
+        problems.append(YamlProblem("YAML-SYNTAX", mark, f"character {exc.character!r} is not allowed in YAML",
+                                    "remove it (binary data or a wrong encoding?)"))
+        return None, problems
     except yaml.YAMLError as exc:
-        problems.append(YamlProblem("YAML-SYNTAX", Mark(1, 1), f"YAML error: {exc}", "check the file is YAML"))
+        what = " ".join(str(exc).split())
+        problems.append(YamlProblem("YAML-SYNTAX", Mark(1, 1), f"YAML error: {what}", "check the file is YAML"))
         return None, problems
     if root is None:
         problems.append(YamlProblem("YAML-EMPTY", Mark(1, 1), "the file is empty",

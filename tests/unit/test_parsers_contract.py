@@ -82,15 +82,35 @@ def test_random_bytes_never_crash(tool: str, data: bytes) -> None:
 
 
 _SNIPPETS = [
-    "CA 'mlx5_0'", "\tPort 1:", "\t\tState: Down", "\t\tRate: 400", "Infiniband device 'x' port 1 status:",
-    "\trate:\t 200 Gb/sec (2X NDR)", " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]",
-    " 65536 5000 97.1 96.9 0.18", "RDMA_Write BW Test", "#  size count type redop root time algbw busbw "
-    "#wrong time algbw busbw #wrong", " 8 2 float sum -1 1.0 0.0 0.0 0 1.0 0.0 0.0 0",
-    "        GPU0    NIC0    CPU Affinity", "GPU0     X      PIX     0-1", "  NIC0: mlx5_0",
-    "mlx5_0 port 1 ==> ib0 (Up)", "Module Size Used by", "ib_core 1 2 a,b", "routing_engine ar_updn",
+    "CA 'mlx5_0'",
+    "\tPort 1:",
+    "\t\tState: Down",
+    "\t\tRate: 400",
+    "Infiniband device 'x' port 1 status:",
+    "\trate:\t 200 Gb/sec (2X NDR)",
+    " #bytes     #iterations    BW peak[Gb/sec]    BW average[Gb/sec]",
+    " 65536 5000 97.1 96.9 0.18",
+    "RDMA_Write BW Test",
+    "#  size count type redop root time algbw busbw #wrong time algbw busbw #wrong",
+    " 8 2 float sum -1 1.0 0.0 0.0 0 1.0 0.0 0.0 0",
+    "        GPU0    NIC0    CPU Affinity",
+    "GPU0     X      PIX     0-1",
+    "  NIC0: mlx5_0",
+    "mlx5_0 port 1 ==> ib0 (Up)",
+    "Module Size Used by",
+    "ib_core 1 2 a,b",
+    "routing_engine ar_updn",
     "sminfo: sm lid 1 sm guid 0x1, activity count 2 priority 3 state 3 SMINFO_MASTER",
-    "MLNX_OFED_LINUX-1:", "   2    1[  ] ==( 4X 53.125 Gbps Active/  LinkUp)==>  3  4[  ] \"x\" ( )",
-    "ibpanic: [1] main: x", "{", "{\"results\": [1, {\"size\": 3}]}", "# Avg bus bandwidth : nan",
+    "MLNX_OFED_LINUX-1:",
+    '   2    1[  ] ==( 4X 53.125 Gbps Active/  LinkUp)==>  3  4[  ] "x" ( )',
+    "ibpanic: [1] main: x",
+    "{",
+    'Switch  8 "S-0008f10400410015"  # "SW" base port 0 lid 3 lmc 0',
+    '[1]  "S-005442ba00003080"[10]  # "ISR" lid 6 1xSDR',
+    'Ca  2 "H-1"  # "x"',
+    '[1](1)  "S-2"[6]  # lid 16 lmc 1 "S" lid 3 4xQQQ',
+    '{"results": [1, {"size": 3}]}',
+    "# Avg bus bandwidth : nan",
 ]
 
 

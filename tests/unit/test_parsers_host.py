@@ -19,10 +19,8 @@ def test_ofed_info_mlnx(name: str, version: str) -> None:
 
 
 def test_ofed_info_doca_form() -> None:
-    # The DOCA-OFED line form as quoted in public notes ("OFED-internal-23.07-0.5.0:"); no
-    # stand-alone capture with a resolvable source was found, so it is tested inline.
-    out = parse("ofed_info", "OFED-internal-23.07-0.5.0:\n")
-    assert (out["flavor"], out["version"]) == ("doca_ofed", "23.07-0.5.0")
+    out = parse("ofed_info", load("ofed_info", "openshift_docs_doca_24_07.txt"))
+    assert (out["flavor"], out["version"]) == ("doca_ofed", "24.07-0.6.1")
 
 
 def test_lsmod_modules_and_users() -> None:

@@ -82,23 +82,24 @@ def test_ibstat_roce_ports_and_a_down_port() -> None:
     assert (last["state"], last["physical_state"], last["rate_gbps"]) == ("down", "disabled", None)
 
 
-def test_ibstatus_hdr_and_qdr() -> None:
-    hdr = parse("ibstatus", load("ibstatus", "hpc_wiki_hdr_active.txt"))
-    assert hdr["ports"] == [
-        {
-            "device": "mlx5_0",
-            "port": 1,
-            "state": "active",
-            "physical_state": "linkup",
-            "rate_gbps": 200.0,
-            "width": "4X",
-            "speed": "HDR",
-            "link_layer": "infiniband",
-        }
-    ]
-    qdr = parse("ibstatus", load("ibstatus", "cn_notes_qdr_active.txt"))
-    (p,) = qdr["ports"]
-    assert (p["device"], p["rate_gbps"], p["width"], p["speed"]) == ("mlx4_0", 40.0, "4X", "QDR")
+def test_ibstatus_mixed_roce_ib_and_a_down_port() -> None:
+    out = parse("ibstatus", load("ibstatus", "hubutui_nccl_notes_mixed_down.txt"))
+    assert [p["device"] for p in out["ports"]] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert out["ports"][1] == {
+        "device": "mlx5_1",
+        "port": 1,
+        "state": "active",
+        "physical_state": "linkup",
+        "rate_gbps": 200.0,
+        "width": "4X",
+        "speed": "HDR",
+        "link_layer": "infiniband",
+    }
+    roce = out["ports"][0]
+    assert (roce["link_layer"], roce["rate_gbps"], roce["speed"]) == ("ethernet", 100.0, "EDR")
+    down = out["ports"][2]
+    assert (down["state"], down["physical_state"], down["rate_gbps"]) == ("down", "disabled", 100.0)
+    assert out["warnings"] == ["mlx5_2 port 1: port is Down, rate 100 is a placeholder"]
 
 
 def test_iblinkinfo_switch_and_ca_ports() -> None:
@@ -141,6 +142,24 @@ def test_ibdev2netdev_plain_and_column_t() -> None:
     assert by_dev["mlx5_7"]["netdev_up"] is True
 
 
+def test_ibdev2netdev_down_netdev_matches_the_down_ibstatus_port() -> None:
+    out = parse("ibdev2netdev", load("ibdev2netdev", "hubutui_nccl_notes_one_down.txt"))
+    assert [(m["device"], m["netdev"], m["netdev_up"]) for m in out["mappings"]] == [
+        ("mlx5_0", "ens13np0", True),
+        ("mlx5_1", "ib0", True),
+        ("mlx5_2", "ens17np0", False),
+        ("mlx5_3", "ib1", True),
+    ]
+
+
+def test_ibdev2netdev_verbose_form() -> None:
+    out = parse("ibdev2netdev", load("ibdev2netdev", "openshift_docs_verbose_bf3.txt"))
+    assert out["mappings"] == [
+        {"device": "mlx5_0", "port": 1, "netdev": "ibs2f0", "netdev_up": True},
+        {"device": "mlx5_1", "port": 1, "netdev": "ens8f0np0", "netdev_up": True},
+    ]
+
+
 @pytest.mark.parametrize(
     ("name", "lid", "guid", "activity", "priority"),
     [
@@ -161,4 +180,4 @@ def test_sminfo(name: str, lid: int, guid: str, activity: int, priority: int) ->
 
 def test_ibstat_rejects_ibstatus_output() -> None:
     with pytest.raises(ParseError, match="not ibstat output"):
-        parse("ibstat", load("ibstatus", "hpc_wiki_hdr_active.txt"))
+        parse("ibstat", load("ibstatus", "hubutui_nccl_notes_mixed_down.txt"))

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from provisioner.errors import ParseError
@@ -13,16 +11,42 @@ from tests.unit._parser_fixtures import load
 
 
 def test_perftest_mib_columns_are_converted_to_gbps() -> None:
-    out = parse("perftest", load("perftest", "cn_notes_send_bw_ud_client.txt"))
-    assert (out["test"], out["device"], out["role"], out["ok"]) == ("ib_send_bw", "mlx4_0", "client", True)
-    assert out["gpudirect"] is False and out["cuda_device"] is None
-    assert [r["bytes"] for r in out["results"]] == [2**i for i in range(1, 13)]
+    out = parse("perftest", load("perftest", "alibaba_amd_rocm_client_mib.txt"))
+    assert (out["test"], out["device"], out["role"], out["ok"]) == ("ib_write_bw", "ionic_0", "client", True)
+    assert (out["gpudirect"], out["cuda_device"], out["bidirectional"]) == (True, 0, False)
+    assert [r["bytes"] for r in out["results"]] == [2**i for i in range(1, 24)]
     last = out["results"][-1]
-    assert last["iterations"] == 1000
-    assert last["bw_avg_gbps"] == pytest.approx(3018.58 * MIB_PER_S_TO_GBPS)
-    assert last["bw_avg_gbps"] == pytest.approx(25.32, abs=0.01)
-    assert last["msg_rate_mpps"] == pytest.approx(0.772757)
+    assert last["iterations"] == 5000
+    assert last["bw_avg_gbps"] == pytest.approx(19044.43 * MIB_PER_S_TO_GBPS)
+    assert last["bw_avg_gbps"] == pytest.approx(159.76, abs=0.01)
+    assert last["msg_rate_mpps"] == pytest.approx(0.002381)
     assert out["bw_avg_gbps"] == last["bw_avg_gbps"]
+
+
+def test_perftest_bidirectional_gbits_client() -> None:
+    out = parse("perftest", load("perftest", "alibaba_amd_ionic_bidir_client_gbits.txt"))
+    assert (out["test"], out["bidirectional"], out["role"], out["device"]) == ("ib_write_bw", True, "client", "ionic_1")
+    assert len(out["results"]) == 23
+    assert out["results"][0] == {
+        "bytes": 2,
+        "iterations": 20000,
+        "bw_peak_gbps": 0.147331,
+        "bw_avg_gbps": 0.146472,
+        "msg_rate_mpps": 9.154486,
+    }
+    assert out["bw_avg_gbps"] == 779.21
+    assert out["ok"] is True and out["errors"] == []
+
+
+def test_perftest_completion_error_block_is_a_failed_run() -> None:
+    out = parse("perftest", load("perftest", "perftest173_completion_error_cuda.txt"))
+    assert out["ok"] is False
+    assert out["results"] == []
+    assert out["error"] == "Completion with error at client"
+    assert out["errors"][1:] == [
+        "Failed status 4: wr_id 0 syndrom 0x51",
+        "Failed to complete run_iter_bw function successfully",
+    ]
 
 
 def test_perftest_gbits_postlist_row() -> None:
@@ -79,44 +103,6 @@ def test_nccl_tests_new_header_names_op_and_ranks() -> None:
     assert out["rows"][3]["oop_busbw_gbs"] == 0.96
 
 
-def test_nccl_tests_json_shape_from_writer_source() -> None:
-    # Not a captured file: a minimal document with the key layout nccl-tests' src/util.cu writes
-    # (no public -J capture was found); values are placeholders, only the structure is tested.
-    doc = {
-        "version": 2,
-        "args": ["./build/all_reduce_perf", "-J", "x.json"],
-        "config": {"devices": [{"rank": 0}, {"rank": 1}]},
-        "results": [
-            {
-                "size": 1,
-                "count": 1,
-                "type": "float",
-                "redop": "sum",
-                "root": "    -1",
-                "out_of_place": {"time": 1.0, "alg_bw": 1.0, "bus_bw": 2.0, "nwrong": 0.0},
-                "in_place": {"time": 1.0, "alg_bw": 1.0, "bus_bw": 3.0, "nwrong": 0.0},
-            },
-            {
-                "size": 2,
-                "count": 1,
-                "type": "float",
-                "redop": "sum",
-                "root": "    -1",
-                "out_of_place": {"time": 1.0, "alg_bw": 1.0, "bus_bw": 4.0, "nwrong": 1.0},
-                "in_place": {"time": 1.0, "alg_bw": 1.0, "bus_bw": 5.0, "nwrong": None},
-            },
-        ],
-        "out_of_bounds": {"count": 1, "okay": "false"},
-        "average_bus_bandwidth": {"bandwidth": 3.0, "okay": "unchecked"},
-        "errors": [],
-    }
-    out = parse("nccl-tests", json.dumps(doc))
-    assert (out["format"], out["op"], out["nranks"]) == ("json", "all_reduce", 2)
-    assert out["largest"] == {"size_bytes": 2, "busbw_gbs": 4.0}
-    assert out["rows"][1]["wrong"] == 1
-    assert out["ok"] is False
-
-
 def test_nccl_tests_rejects_json_that_is_not_a_report() -> None:
     with pytest.raises(ParseError, match="results"):
         parse("nccl-tests", '{"a": 1}')
@@ -160,3 +146,19 @@ def test_topo_affinity_lists_every_nic_at_the_closest_class() -> None:
     row = text[1].replace("PIX", "SYS")
     out = parse("nvidia-smi-topo", "\n".join([text[0], row]))
     assert out["gpu_nic_affinity"]["GPU0"] == ["NIC0", "NIC4", "NIC6", "NIC8"]
+
+
+def test_topo_nic_legend_maps_affinity_to_device_names() -> None:
+    out = parse("nvidia-smi-topo", load("nvidia-smi-topo", "stelline_esc8000a_nic_legend.txt"))
+    assert out["nic_names"] == {"NIC0": "mlx5_0", "NIC1": "mlx5_1", "NIC2": "mlx5_2", "NIC3": "mlx5_3"}
+    assert out["gpus"] == ["GPU0", "GPU1", "GPU2", "GPU3"]
+    assert out["matrix"]["GPU2"]["NIC3"] == "NODE"
+    assert out["matrix"]["NIC0"]["NIC1"] == "PIX"
+    # No NIC is PIX/PXB/PHB to any GPU here: the closest class is NODE, per NUMA node.
+    assert out["gpu_nic_affinity"] == {
+        "GPU0": ["mlx5_0", "mlx5_1"],
+        "GPU1": ["mlx5_0", "mlx5_1"],
+        "GPU2": ["mlx5_2", "mlx5_3"],
+        "GPU3": ["mlx5_2", "mlx5_3"],
+    }
+    assert out["warnings"] == []

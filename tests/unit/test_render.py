@@ -41,7 +41,7 @@ def test_render_is_deterministic_and_diffs(tmp_path: Path) -> None:
     cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
     first = render_inventory(cluster, tmp_path)
     snapshot = {p: p.read_bytes() for p in first.out_dir.rglob("*.yml")}
-    assert len(first.written) == len(snapshot) == 12
+    assert len(first.written) == len(snapshot) == 14
     second = render_inventory(cluster, tmp_path)
     assert second.written == [] and second.removed == [] and second.diff == ""
     assert {p: p.read_bytes() for p in second.out_dir.rglob("*.yml")} == snapshot
@@ -64,9 +64,12 @@ def test_inventory_groups_and_vars() -> None:
     assert inv.groups["rail_7"] == [f"gpu0{i}" for i in range(1, 9)]
     assert inv.groups["leaf_rail0"] == [f"gpu0{i}" for i in range(1, 9)] + ["sm1", "sm2"]
     hv = inv.hostvars["gpu03"]
-    assert hv["nccl_conf"]["NCCL_IB_HCA"] == ",".join(f"=mlx5_{i}:1" for i in range(8))
-    assert hv["nvidia_driver_fabric_manager"] is True and hv["nvidia_peermem_enabled"] is True
+    pv = inv.groupvars["profile_hgx_h100"]
+    assert pv["nccl_conf"]["NCCL_IB_HCA"] == ",".join(f"=mlx5_{i}:1" for i in range(8))
+    assert pv["nvidia_driver_fabric_manager"] is True and pv["nvidia_peermem_enabled"] is True
+    assert inv.groupvars["profile_mgmt"]["nvidia_driver_enabled"] is False
     assert hv["nfs_client_mounts"][0]["transport"] == "rdma"
+    assert "nfs_client_mounts" not in inv.hostvars["sm1"]  # empty lists are left to the role defaults
     assert inv.hostvars["sm1"]["opensm_priority"] == 15 and inv.hostvars["sm1"]["opensm_device"] == "mlx5_0"
     allv = inv.groupvars["all"]
     assert allv["opensm_routing_engines"] == ["ar_updn", "updn"]
@@ -86,6 +89,7 @@ def test_ansible_reads_the_rendered_inventory(tmp_path: Path) -> None:
     assert sorted(out["compute"]["hosts"]) == [f"gpu0{i}" for i in range(1, 9)]
     assert out["_meta"]["hostvars"]["sm2"]["opensm_priority"] == 14
     assert out["_meta"]["hostvars"]["gpu01"]["ansible_host"] == "10.10.0.11"
+    assert out["_meta"]["hostvars"]["gpu01"]["preflight_gpu_count"] == 8  # from group_vars/profile_hgx_h100.yml
 
 
 def test_inventory_plugin_reads_the_spec_directly() -> None:
@@ -101,7 +105,8 @@ def test_inventory_plugin_reads_the_spec_directly() -> None:
     rendered = build_inventory(load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")[0])
     assert sorted(data["compute"]["hosts"]) == rendered.groups["compute"]
     # values from the plugin come back tagged unsafe (never templated): compare their text
-    assert unwrap(data["_meta"]["hostvars"]["gpu02"]["nccl_conf"]) == rendered.hostvars["gpu02"]["nccl_conf"]
+    profile_vars = rendered.groupvars["profile_hgx_h100"]
+    assert unwrap(data["_meta"]["hostvars"]["gpu02"]["nccl_conf"]) == profile_vars["nccl_conf"]
     assert unwrap(data["_meta"]["hostvars"]["sm1"]["opensm_priority"]) == 15
 
 

@@ -242,3 +242,16 @@ def test_partition_rules() -> None:
 def test_degenerate_documents_give_clean_errors(text: str) -> None:
     res = load_text(text, "c.yaml")
     assert res.cluster is None and res.errors
+
+
+def test_schema_errors_do_not_hide_the_other_problems() -> None:
+    # node group 0 has a bad key (set aside); group 1 still gets its range-length error at ITS line,
+    # and the SM tie is still found
+    text = BASE.replace('  - {name: "gpu[01-04]", address: "10.0.0.[11-14]", profile: gpu8}',
+                        '  - {name: "gpu[01-04]", address: "10.0.0.[11-14]", profile: gpu8, rack: 7}\n'
+                        '  - {name: "gpu[05-06]", address: "10.0.0.[15-17]", profile: gpu8}')
+    text = text.replace("{node: sm2, priority: 14}", "{node: sm2, priority: 15}")
+    got = {(d.rule, d.line) for d in load_text(text, "c.yaml").diagnostics}
+    assert ("SPEC-UNKNOWN-KEY", 17) in got
+    assert ("SPEC-RANGE-LENGTH", 18) in got
+    assert ("SM-PRIORITY-TIE", 26) in got

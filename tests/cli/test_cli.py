@@ -1,0 +1,96 @@
+"""The `provision` command line: exit codes, one-line errors, JSON output."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from provisioner.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+H100 = str(ROOT / "examples" / "h100-ndr-8node.yaml")
+TWO_HCA = str(ROOT / "examples" / "h100-ndr-8node-2hca.yaml")
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    rc = main(list(args))
+    cap = capsys.readouterr()
+    return rc, cap.out, cap.err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "--version")
+    assert rc == 0 and out.startswith("provision 0.")
+
+
+def test_validate_clean_and_warning_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    assert run(capsys, "validate", H100)[0] == 0
+    rc, _, err = run(capsys, "validate", TWO_HCA)
+    assert rc == 0 and "RAIL-PER-GPU" in err
+    assert run(capsys, "validate", "--strict", TWO_HCA)[0] == 1
+
+
+def test_validate_errors_print_one_line_each(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(Path(H100).read_text().replace('cuda: "12.4.1"', "cuda: 12.4").replace("priority: 14",
+                                                                                         "priority: 15"))
+    rc, out, _ = run(capsys, "validate", str(bad))
+    assert rc == 1
+    lines = out.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"{bad}:8:9: SPEC-SCHEMA:")
+    rc, out, _ = run(capsys, "validate", "--json", str(bad))
+    data = json.loads(out)
+    assert rc == 1 and data["ok"] is False and data["diagnostics"][0]["line"] == 8
+
+
+def test_bad_files_are_one_line_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, _, err = run(capsys, "validate", str(tmp_path / "missing.yaml"))
+    assert rc == 2 and err.count("\n") == 1 and "no such file" in err
+    binary = tmp_path / "b.yaml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    rc, _, err = run(capsys, "validate", str(binary))
+    assert rc == 2 and "not UTF-8" in err and "Traceback" not in err
+
+
+def test_default_command_is_the_bring_up(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _, _, err = run(capsys, H100, "--out", str(tmp_path))
+    assert (tmp_path / "inventory" / "hosts.yml").is_file()
+    assert "validate: ok" in err
+
+
+def test_render_diff(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    rc, out, err = run(capsys, "render", H100, "--out", str(tmp_path), "--diff")
+    assert rc == 0 and "+++ b/hosts.yml" in out
+    rc, out, err = run(capsys, "render", H100, "--out", str(tmp_path), "--diff")
+    assert rc == 0 and out == "" and "unchanged" in err
+
+
+def test_parse_command(capsys: pytest.CaptureFixture[str]) -> None:
+    fixture = sorted((ROOT / "tests" / "fixtures" / "lsmod").iterdir())[0]
+    body = "\n".join(ln for ln in fixture.read_text().splitlines() if not ln.startswith("# Source")
+                     and not ln.startswith("# Shows"))
+    tmp = fixture.parent.parent.parent / ".tmp-lsmod.txt"
+    try:
+        tmp.write_text(body)
+        rc, out, _ = run(capsys, "parse", "lsmod", str(tmp))
+    finally:
+        tmp.unlink()
+    assert rc == 0 and json.loads(out)["tool"] == "lsmod"
+    rc, _, err = run(capsys, "parse", "ibstat", str(ROOT / "README.md"))
+    assert rc == 2 and err.count("\n") == 1
+    rc, _, err = run(capsys, "parse", "nosuchtool", "-")
+    assert rc == 2 and "unknown tool" in err
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, _, err = run(capsys, "validate", "--nope", H100)
+    assert rc == 2 and "No such option" in err and "Traceback" not in err
+    assert run(capsys, "rules")[0] == 0
+
+
+def test_rules_lists_ids(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "rules")
+    assert rc == 0
+    assert "SM-PRIORITY-TIE [error]" in out and "FAT-TREE-OVERSUB [warning]" in out
