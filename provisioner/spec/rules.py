@@ -449,3 +449,62 @@ def _lustre(c: Cluster, rep: Reporter, r: Rule) -> None:
     if c.spec.storage.lustre and not c.spec.software.lustre_client:
         r.report(rep, ("storage", "lustre"), "Lustre mounts without software.lustre_client",
                  "pin software.lustre_client (e.g. \"2.15.5\")")
+
+
+# --- version compatibility (facts and sources in provisioner/spec/compat.py) -----------------------------------
+@rule("COMPAT-CUDA-DRIVER", "error",
+      "A CUDA toolkit needs a minimum driver (release notes table); below the major's floor nothing runs, above "
+      "it but below the toolkit's own minimum only minor-version compatibility applies (a warning).")
+def _cuda_driver(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    sw = c.spec.software
+    need = compat.min_driver_for(sw.cuda)
+    have = compat.version_tuple(sw.driver.version)
+    key = compat.cuda_key(sw.cuda)
+    if need is None or key is None:
+        return
+    if have >= compat.version_tuple(need):
+        return
+    floor = compat.CUDA_MAJOR_FLOOR.get(key[0])
+    if floor and have >= compat.version_tuple(floor):
+        rep.add(("software", "driver", "version"), r.id,
+                f"driver {sw.driver.version} is older than CUDA {sw.cuda} needs ({need}); it runs only under "
+                "minor-version compatibility (no PTX JIT of newer code)",
+                f"pin driver >= {need}", severity="warning")
+    else:
+        r.report(rep, ("software", "driver", "version"),
+                 f"driver {sw.driver.version} cannot run CUDA {sw.cuda} (needs >= {need})", f"pin driver >= {need}")
+
+
+@rule("COMPAT-OS-CUDA", "error",
+      "NVIDIA's apt repository for an OS starts at a given CUDA release; an older toolkit has no package there.")
+def _os_cuda(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    first = compat.OS_FIRST_CUDA.get(c.spec.cluster.os)
+    key = compat.cuda_key(c.spec.software.cuda)
+    if first and key and key[:2] < first:
+        r.report(rep, ("software", "cuda"), f"CUDA {c.spec.software.cuda} is not packaged for {c.spec.cluster.os} "
+                 f"(its repository starts at {first[0]}.{first[1]})", f"pin CUDA >= {first[0]}.{first[1]}")
+
+
+@rule("COMPAT-GPU-DRIVER", "error",
+      "New GPU generations need a minimum driver branch, and Blackwell runs only on the open kernel modules.")
+def _gpu_driver(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    drv = c.spec.software.driver
+    branch = compat.version_tuple(drv.version)[:1]
+    for pname, prof in c.spec.profiles.items():
+        if not prof.gpu:
+            continue
+        need = compat.GPU_MIN_BRANCH.get(prof.gpu.model)
+        if need and branch and branch[0] < need:
+            r.report(rep, ("software", "driver", "version"),
+                     f"{prof.gpu.model} (profile '{pname}') needs driver branch {need} or newer, not {branch[0]}",
+                     f"pin a driver from branch >= {need}")
+        if prof.gpu.model in compat.OPEN_MODULES_REQUIRED and drv.kernel_modules != "open":
+            r.report(rep, ("software", "driver", "kernel_modules"),
+                     f"{prof.gpu.model} (profile '{pname}') is supported only by the open kernel modules",
+                     "set kernel_modules: open")

@@ -255,3 +255,27 @@ def test_schema_errors_do_not_hide_the_other_problems() -> None:
     assert ("SPEC-UNKNOWN-KEY", 17) in got
     assert ("SPEC-RANGE-LENGTH", 18) in got
     assert ("SM-PRIORITY-TIE", 26) in got
+
+
+def test_cuda_needs_its_driver() -> None:
+    old = BASE.replace('driver: {version: "550.90.07"}', 'driver: {version: "535.104.05"}')
+    [d] = load_text(old, "c.yaml").diagnostics
+    assert (d.rule, d.severity, d.line) == ("COMPAT-CUDA-DRIVER", "warning", 3)
+    assert "550.54.15" in d.message and "minor-version" in d.message
+    ancient = BASE.replace('driver: {version: "550.90.07"}', 'driver: {version: "470.256.02"}')
+    got = {(d.rule, d.severity) for d in load_text(ancient, "c.yaml").diagnostics}
+    assert ("COMPAT-CUDA-DRIVER", "error") in got
+    assert ("COMPAT-GPU-DRIVER", "error") in got  # H100 needs branch 525+
+
+
+def test_os_repository_has_no_such_cuda() -> None:
+    text = BASE.replace("os: ubuntu-22.04", "os: ubuntu-24.04")
+    [d] = load_text(text, "c.yaml").diagnostics
+    assert d.rule == "COMPAT-OS-CUDA" and d.line == 4
+
+
+def test_blackwell_needs_open_modules() -> None:
+    text = BASE.replace('driver: {version: "550.90.07"}',
+                        'driver: {version: "570.124.06", kernel_modules: proprietary}').replace(
+        "H100-SXM5-80GB", "B200-SXM-180GB")
+    assert ("COMPAT-GPU-DRIVER", 3, 51, "error") in diags(text)

@@ -1,0 +1,65 @@
+"""Version compatibility facts, checked at `provision validate` time (see the COMPAT-* rules).
+
+Each entry cites where it comes from. Only combinations known to be wrong are rejected; everything else passes.
+"""
+
+from __future__ import annotations
+
+# Minimum Linux x86_64 driver per CUDA toolkit release: NVIDIA CUDA Toolkit Release Notes, table "CUDA Toolkit
+# and Corresponding Driver Versions" (docs.nvidia.com/cuda/cuda-toolkit-release-notes). Keys: (major, minor, update).
+CUDA_MIN_DRIVER: dict[tuple[int, int, int], str] = {
+    (11, 8, 0): "520.61.05",
+    (12, 0, 0): "525.60.13", (12, 0, 1): "525.85.12",
+    (12, 1, 0): "530.30.02", (12, 1, 1): "530.30.02",
+    (12, 2, 0): "535.54.03", (12, 2, 1): "535.86.09", (12, 2, 2): "535.104.05",
+    (12, 3, 0): "545.23.06", (12, 3, 1): "545.23.08", (12, 3, 2): "545.23.08",
+    (12, 4, 0): "550.54.14", (12, 4, 1): "550.54.15",
+    (12, 5, 0): "555.42.02", (12, 5, 1): "555.42.06",
+    (12, 6, 0): "560.28.03", (12, 6, 1): "560.35.03", (12, 6, 2): "560.35.03", (12, 6, 3): "560.35.05",
+    (12, 8, 0): "570.26", (12, 8, 1): "570.124.06",
+}
+# Minor version compatibility floor per CUDA major (same release notes, "CUDA Minor Version Compatibility"):
+# a 12.x toolkit runs on any driver >= 525.60.13, without the features that need the newer driver (e.g. PTX JIT).
+CUDA_MAJOR_FLOOR: dict[int, str] = {11: "450.80.02", 12: "525.60.13"}
+
+# The first CUDA toolkit NVIDIA's apt repository carries for each OS (repository indexes
+# developer.download.nvidia.com/compute/cuda/repos/<os>/x86_64: debian12 starts with cuda-12-3; ubuntu2404 has
+# no 12.4.x, its first toolkit is 12.5 (Jimver/cuda-toolkit issue 365: 12.4.1 is a 404 on ubuntu2404).
+OS_FIRST_CUDA: dict[str, tuple[int, int]] = {"debian-12": (12, 3), "ubuntu-24.04": (12, 5), "ubuntu-22.04": (11, 7)}
+
+# GPU architectures that require the open kernel modules: NVIDIA driver README, "NVIDIA Open GPU Kernel Modules"
+# (Grace Hopper and Blackwell are supported only by the open modules).
+OPEN_MODULES_REQUIRED = {"B200-SXM-180GB"}
+# First driver branch that supports a GPU model (driver release notes, "supported products").
+GPU_MIN_BRANCH: dict[str, int] = {"H200-SXM-141GB": 550, "B200-SXM-180GB": 570, "H100-SXM5-80GB": 525,
+                                  "H100-PCIE-80GB": 525, "H100-NVL-94GB": 535, "L40S": 525}
+
+
+def version_tuple(v: str) -> tuple[int, ...]:
+    """'550.54.15' → (550, 54, 15); non-numeric parts end the tuple."""
+    out: list[int] = []
+    for part in v.split("."):
+        digits = "".join(ch for ch in part if ch.isdigit()) if part[:1].isdigit() else ""
+        if not digits:
+            break
+        out.append(int(digits))
+    return tuple(out)
+
+
+def cuda_key(cuda: str) -> tuple[int, int, int] | None:
+    t = version_tuple(cuda)
+    if len(t) < 2:
+        return None
+    return (t[0], t[1], t[2] if len(t) > 2 else 0)
+
+
+def min_driver_for(cuda: str) -> str | None:
+    """The driver the CUDA release notes require for this toolkit release, if the table knows it."""
+    key = cuda_key(cuda)
+    if key is None:
+        return None
+    if key in CUDA_MIN_DRIVER:
+        return CUDA_MIN_DRIVER[key]
+    # an update newer than the table knows: the newest known update of that minor is a lower bound
+    known = sorted(k for k in CUDA_MIN_DRIVER if k[:2] == key[:2] and k <= key)
+    return CUDA_MIN_DRIVER[known[-1]] if known else None
