@@ -153,6 +153,36 @@ def up(
     raise typer.Exit(2)
 
 
+@app.command("switches")
+def switches_cmd(
+    spec: SpecArg,
+    display_only: Annotated[bool, typer.Option("--display", help="Print the commands for each managed switch; "
+                                               "connect to nothing.")] = False,
+    do_apply: Annotated[bool, typer.Option("--apply", help="Push the commands over SSH and read the result "
+                                           "back; exit 1 when a switch fails or disagrees.")] = False,
+    known_hosts: Annotated[Path | None, typer.Option("--known-hosts", help="known_hosts holding the switches' "
+                                                     "host keys (default: the spec's ssh.known_hosts).")] = None,
+    only: Annotated[list[str] | None, typer.Option("--switch", help="Only this switch (repeatable).")] = None,
+    overlay: OverlayOpt = None,
+) -> None:
+    """Configure the fabric switches: embedded SM on MLNX-OS, RoCE PFC/ECN/DSCP/MTU on NVUE/Cumulus/SONiC."""
+    from provisioner.errors import UsageError
+    from provisioner.switches import display
+    from provisioner.switches.session import apply as apply_switches
+
+    if display_only == do_apply:
+        raise UsageError("give exactly one of --display or --apply")
+    cluster, _warnings = load_cluster(spec, overlay)
+    if display_only:
+        out.print(display(cluster), markup=False, end="")
+        return
+    kh = known_hosts or (spec.parent / cluster.spec.ssh.known_hosts)
+    results = apply_switches(cluster, kh, only=set(only) if only else None)
+    for r in results:
+        (out if r.ok else err).print(r.summary(), markup=False)
+    raise typer.Exit(0 if all(r.ok for r in results) else 1)
+
+
 lab_app = typer.Typer(help="The lab: a simulated GPU/InfiniBand cluster of real containers (needs root).",
                       no_args_is_help=True)
 app.add_typer(lab_app, name="lab")
