@@ -153,6 +153,73 @@ def up(
     raise typer.Exit(2)
 
 
+@app.command("verify")
+def verify_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, bandwidth, "
+                                             "gpudirect, nccl, cabling (default: the spec's verify.tests).")] = None,
+    mode: Annotated[str | None, typer.Option("--mode", help="Bandwidth mode quick|full (default: the spec's).")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print report.json to standard output.")] = False,
+    junit: Annotated[Path | None, typer.Option("--junit", help="Also write JUnit XML here.")] = None,
+    html: Annotated[Path | None, typer.Option("--html", help="Also write the HTML report here.")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+) -> None:
+    """Prove the fabric against the spec: links, versions, bandwidth per rail, GPUDirect, NCCL, cabling.
+
+    Exit 0 pass, 1 findings, 2 could not run. Reports go to <state>/verify/<time>/ (JSON, JUnit XML, HTML).
+    """
+    from provisioner.errors import UsageError
+    from provisioner.report import to_html, to_json, to_junit
+    from provisioner.verify import verify
+
+    if mode not in (None, "quick", "full"):
+        raise UsageError(f"--mode {mode}: use quick or full")
+    cluster, warnings = load_cluster(spec, overlay)
+    _print_diagnostics(warnings)
+    tests = [t.strip() for t in only.split(",") if t.strip()] if only else None
+    run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
+                 progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
+    if junit:
+        junit.write_text(to_junit(run.report), encoding="utf-8")
+    if html:
+        html.write_text(to_html(run.report), encoding="utf-8")
+    if as_json:
+        out.print(to_json(run.report), markup=False, end="", highlight=False)
+    else:
+        for f in run.report.findings():
+            out.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+        out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
+    raise typer.Exit(run.exit_code)
+
+
+export_app = typer.Typer(help="Export the expected state for other tools.", no_args_is_help=True)
+app.add_typer(export_app, name="export")
+
+
+@export_app.command("nhc")
+def export_nhc_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for one <node>.conf each; standard "
+                                                 "output when unset.")] = None,
+) -> None:
+    """LBNL NHC checks per node from the spec (HCA rates, mounts, GPUs, the SM), for the site's health checks."""
+    from provisioner.verify import export_nhc
+
+    cluster, _ = load_cluster(spec, overlay)
+    confs = export_nhc(cluster)
+    if out_dir is None:
+        out.print("".join(confs.values()), markup=False, end="")
+        return
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for node, text in confs.items():
+        (out_dir / f"{node}.conf").write_text(text, encoding="utf-8")
+    err.print(f"wrote {len(confs)} file(s) under {out_dir}", markup=False)
+
+
 @app.command("switches")
 def switches_cmd(
     spec: SpecArg,
