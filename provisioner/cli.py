@@ -132,25 +132,121 @@ def parse_cmd(
     out.print_json(json.dumps(parse(tool, text), sort_keys=True))
 
 
+def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dict[str, Any]:
+    """The verify and report phases of a run, as Python steps of the run engine."""
+    from provisioner.phases import StepContext, StepOutcome
+    from provisioner.state import record_hardware
+    from provisioner.verify import verify
+
+    last: dict[str, Any] = {}
+
+    def verify_step(ctx: StepContext) -> StepOutcome:
+        cluster, _ = load_cluster(spec, overlay)
+        run = verify(cluster, state_dir=out_dir, progress=lambda m: err.print(f"[verify] {m}", markup=False))
+        last["run"] = run
+        for node, guids in run.inventory.items():
+            if node in ctx.hosts:
+                record_hardware(ctx.state_dir, node, guids=dict(guids))
+        failed: dict[str, str] = {}
+        for f in run.report.findings():
+            if f.severity == "error" and f.node in ctx.hosts and f.node not in failed:
+                failed[f.node] = f.message
+        if run.exit_code == 1 and not failed:
+            return StepOutcome(status="error", note="fabric findings not tied to one node; see the report")
+        if run.exit_code == 2 and not failed:
+            return StepOutcome(status="error", note="verification could not run; see the report")
+        return StepOutcome(failed=failed, note=f"{run.report.verdict.label}: {run.directory}")
+
+    def report_step(ctx: StepContext) -> StepOutcome:
+        run = last.get("run")
+        if run is None:
+            return StepOutcome(status="not_built", note="no verification in this run to report on")
+        for f in run.report.findings():
+            err.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+        return StepOutcome(note=f"reports: {run.directory}")
+
+    return {"verify": verify_step, "report": report_step}
+
+
 @app.command("up")
 def up(
     spec: SpecArg,
     overlay: OverlayOpt = None,
     out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
     = None,
+    only: Annotated[list[str] | None, typer.Option("--only", help="Run only these phases (repeat or comma-separate): "
+                                                   "preflight, repos, gpu_stack, ofed, fabric, storage, verify, "
+                                                   "report.")] = None,
+    from_phase: Annotated[str | None, typer.Option("--from", help="Start at this phase and run the rest.")] = None,
+    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04],sm1.")]
+    = None,
+    check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
+    diff: Annotated[bool, typer.Option("--diff", help="Show file changes (with --check: what would change).")]
+    = False,
+    tags: Annotated[list[str] | None, typer.Option("--tags", help="Only tasks with these Ansible tags.")] = None,
+    forks: Annotated[int | None, typer.Option("--forks", min=1, help="Hosts worked on at once (default 25).")]
+    = None,
+    max_fail: Annotated[float, typer.Option("--max-fail", min=0, max=100, help="Stop when more than this percent "
+                                            "of the hosts have been set aside.")] = 10.0,
+    resume: Annotated[bool, typer.Option("--resume", help="Continue the last run: each unfinished host from the "
+                                         "first phase it has not completed.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Stream one JSON object per event on stdout.")] = False,
+    secrets: Annotated[list[Path] | None, typer.Option("--secrets", help="A YAML vars file of secrets (passed as "
+                                                       "-e @file; scrubbed from every artifact). Repeatable.")]
+    = None,
+    vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file",
+                                                             help="For ansible-vault encrypted secrets files.")]
+    = None,
 ) -> None:
-    """The whole bring-up (what `provision cluster.yaml` runs): validate, render, converge, verify, report."""
-    from provisioner.render import render_inventory
+    """The whole bring-up (what `provision cluster.yaml` runs): validate, render, converge, verify, report.
 
-    cluster, warnings = load_cluster(spec, overlay)
-    _print_diagnostics(warnings)
-    err.print(f"validate: ok ({len(cluster.nodes)} nodes, {len(warnings)} warning(s))", markup=False)
-    res = render_inventory(cluster, out_dir)
-    err.print(f"render: {res.out_dir}", markup=False)
-    missing = ["preflight", "repos", "driver/CUDA/NCCL", "OFED/GPUDirect", "subnet manager/switches", "storage",
-               "verify", "report"]
-    err.print("not built yet: " + ", ".join(missing) + " (the run stops after render)", markup=False)
-    raise typer.Exit(2)
+    Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run.
+    """
+    from provisioner.phases import RunOptions, provision_run, summary_lines
+    from provisioner.progress import JsonReporter, LiveReporter
+
+    opts = RunOptions(only=[p for item in only or [] for p in item.split(",") if p], from_phase=from_phase,
+                      limit=limit, check=check, diff=diff,
+                      tags=[t for item in tags or [] for t in item.split(",") if t],
+                      forks=forks, max_fail=max_fail, resume=resume, overlay=str(overlay) if overlay else None,
+                      secret_files=list(secrets or []), vault_password_file=vault_password_file)
+    steps = _verify_steps(spec, overlay, out_dir)
+    if as_json:
+        journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout))
+    else:
+        with LiveReporter(err) as rep:
+            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep)
+        for line in summary_lines(journal):
+            err.print(line, markup=False)
+    raise typer.Exit({"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2))
+
+
+@app.command("status")
+def status_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+    last: Annotated[int, typer.Option("--last", min=1, help="How many runs to show.")] = 10,
+    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+) -> None:
+    """The last runs of this cluster: status, phases, set-aside hosts and why."""
+    from dataclasses import asdict
+
+    from rich.table import Table
+
+    from provisioner.state import status_rows
+
+    cluster, _ = load_cluster(spec, overlay)
+    rows = status_rows(out_dir or Path(".provision") / cluster.name, last=last)
+    if as_json:
+        out.print_json(json.dumps([asdict(r) for r in rows]))
+        return
+    table = Table("run", "started", "status", "phases", "hosts", "set aside")
+    for r in rows:
+        table.add_row(r.run_id, r.started, r.status + (f" ({r.stop_reason})" if r.stop_reason else ""), r.phases,
+                      str(r.hosts), r.set_aside or "-")
+    out.print(table)
 
 
 @app.command("verify")
@@ -267,12 +363,12 @@ def lab_up_cmd(
 ) -> None:
     """Start one systemd container per node of the spec, with simulated GPUs/HCAs, SSH and known_hosts."""
     from provisioner.lab.cluster import lab_up
-    from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches
+    from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
 
     cluster, warnings = load_cluster(spec)
     _print_diagnostics(warnings)
     info = lab_up(cluster.name, lab_nodes(cluster), lab_switches(cluster), lab_cables(cluster),
-                  max_nodes=max_nodes, progress=_log)
+                  max_nodes=max_nodes, progress=_log, versions=lab_versions(cluster))
     out.print(f"lab {info.cluster}: {len(info.addresses)} node(s) up; overlay {info.overlay}", markup=False)
     out.print(f"next: provision {spec} --overlay {info.overlay}", markup=False)
 

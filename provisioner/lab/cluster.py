@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from provisioner.errors import LabError
-from provisioner.lab import hardware, image, network
+from provisioner.lab import hardware, image, network, vendor_repo
 from provisioner.lab.hardware import LabCable, LabNodeSpec, LabSwitch
 from provisioner.lab.host import (
     Progress,
@@ -44,8 +44,13 @@ from provisioner.lab.names import (
     check_name,
     container_name,
 )
+from provisioner.lab.packages import VendorVersions
 from provisioner.lab.simtools import labstate
 
+VENDOR_REPO_DIR = "vendor-repo"
+VENDOR_REPO_URL = f"file://{labstate.LAB_ROOT}/{VENDOR_REPO_DIR}"
+"""Where every node sees the lab's vendor repository (``.lab/<cluster>/vendor-repo`` on the host)."""
+VENDOR_SUITE = "bookworm"
 SSHD_WAIT_S = 90
 START_WORKERS = 4
 """Parallel ``podman run``s: more only queue on 2 cores and make podman's locks contend."""
@@ -140,12 +145,53 @@ def parse_known_hosts(text: str) -> dict[str, tuple[str, str]]:
     return entries
 
 
-def overlay_data(key: Path, known_hosts: Path, addresses: dict[str, str]) -> dict[str, Any]:
-    """What the spec loader overlays on the cluster spec to reach the lab nodes."""
-    return {
+def overlay_data(key: Path, known_hosts: Path, addresses: dict[str, str],
+                 vendor_keyring: Path | None = None) -> dict[str, Any]:
+    """What the spec loader overlays on the cluster spec to reach the lab nodes.
+
+    With a vendor keyring, the spec's vendor mirrors are replaced by the lab's signed
+    repository, which every node sees at ``/run/lab/vendor-repo`` (the loader deep-merges
+    the overlay, so ``components`` replaces the spec's list).
+    """
+    data: dict[str, Any] = {
         "ssh": {"user": "root", "key": str(key), "known_hosts": str(known_hosts)},
         "addresses": dict(sorted(addresses.items())),
+        # containers show no PCI bus: GPUs are counted through the (simulated) driver once it is installed
+        "site_vars": {"preflight_gpu_evidence": "nvidia-smi"},
     }
+    if vendor_keyring is not None:
+        repo = {"url": VENDOR_REPO_URL, "key": str(vendor_keyring), "suite": VENDOR_SUITE,
+                "components": [vendor_repo.COMPONENT]}
+        data["repositories"] = {"offline": True, "cuda": dict(repo), "doca": dict(repo)}
+    return data
+
+
+def vendor_gnupg_home(cluster: str) -> Path:
+    """The vendor repository's signing key: in the lab dir but outside ``.lab/<cluster>/``,
+    which is bind-mounted into every node (a node must never see the secret key)."""
+    return lab_dir() / f".{check_name(cluster, 'cluster name')}.vendor-gnupg"
+
+
+def ensure_vendor_repo(cluster: str, state_dir: Path, versions: VendorVersions,
+                       progress: Progress = _quiet) -> Path:
+    """Build (or reuse) the signed repo of the pinned and drift sets; return the exported keyring's host path."""
+    from provisioner.lab.fromspec import drift_versions
+
+    sets = [versions]
+    drift = drift_versions(versions)
+    if drift != versions:
+        sets.append(drift)
+    info = vendor_repo.build_vendor_repo(state_dir / VENDOR_REPO_DIR, sets, progress,
+                                         gnupg_home=vendor_gnupg_home(cluster))
+    keyring = state_dir / "keys" / vendor_repo.KEYRING_NAME
+    keyring.parent.mkdir(exist_ok=True)
+    data = info.keyring_path.read_bytes()
+    if not keyring.is_file() or keyring.read_bytes() != data:
+        tmp = keyring.with_name("." + keyring.name + ".tmp")
+        tmp.write_bytes(data)
+        tmp.chmod(0o644)
+        tmp.replace(keyring)
+    return keyring
 
 
 def run_args(cluster: str, host: str, ip: str, state_dir: Path, image_name: str = image.IMAGE) -> list[str]:
@@ -198,7 +244,8 @@ def _containers(cluster: str | None = None) -> dict[str, dict[str, Any]]:
 
 
 def _used_addresses(exclude: str) -> set[str]:
-    """Addresses other lab clusters in this lab dir hold."""
+    """Addresses other lab clusters hold: those of this lab dir, and those of running containers
+    of other clusters on the network (a lab started from another lab dir, e.g. a CI run)."""
     used: set[str] = set()
     base = lab_dir()
     if base.is_dir():
@@ -206,6 +253,11 @@ def _used_addresses(exclude: str) -> set[str]:
             if overlay.parent.name != exclude:
                 data = yaml.safe_load(overlay.read_text(encoding="utf-8")) or {}
                 used.update(str(ip) for ip in (data.get("addresses") or {}).values())
+    others = [name for name, row in _containers().items()
+              if str(row.get("Labels", {}).get(CLUSTER_LABEL, "")) != exclude]
+    if others:
+        fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}"
+        used.update(podman("inspect", "--format", fmt, *others, check=False).stdout.split())
     return used
 
 
@@ -253,8 +305,13 @@ def lab_up(
     cables: Sequence[LabCable] = (),
     max_nodes: int | None = None,
     progress: Progress = _quiet,
+    versions: VendorVersions | None = None,
 ) -> LabInfo:
-    """Bring the lab cluster up (or make sure it is up); see the module docstring."""
+    """Bring the lab cluster up (or make sure it is up); see the module docstring.
+
+    With ``versions`` (the spec's pins, :func:`provisioner.lab.fromspec.lab_versions`) it
+    also builds the signed vendor repository and points the overlay's repositories at it.
+    """
     cluster = check_name(cluster_name, "cluster name")
     for spec in nodes:
         check_name(spec.hostname, "hostname")
@@ -281,6 +338,7 @@ def lab_up(
     if changed:
         progress(f"simulated hardware written for {len(changed)} node(s)")
     pub_key = ensure_ssh_key(state_dir / "ssh")
+    keyring = ensure_vendor_repo(cluster, state_dir, versions, progress) if versions is not None else None
 
     overlay_path = state_dir / "overlay.yaml"
     addresses = allocate_addresses(hosts, _load_overlay_addresses(overlay_path), _used_addresses(cluster))
@@ -313,7 +371,7 @@ def lab_up(
     text = known_hosts_text(entries)
     if not known_hosts.is_file() or known_hosts.read_text(encoding="utf-8") != text:
         _write_text(known_hosts, text)
-    overlay = yaml.safe_dump(overlay_data(state_dir / "ssh" / "id_ed25519", known_hosts, addresses),
+    overlay = yaml.safe_dump(overlay_data(state_dir / "ssh" / "id_ed25519", known_hosts, addresses, keyring),
                              sort_keys=False)
     if not overlay_path.is_file() or overlay_path.read_text(encoding="utf-8") != overlay:
         _write_text(overlay_path, overlay)
@@ -333,6 +391,9 @@ def lab_down(cluster_name: str, progress: Progress = _quiet) -> list[str]:
     state_dir = cluster_dir(cluster)
     if state_dir.exists():
         shutil.rmtree(state_dir)
+    gnupg_home = vendor_gnupg_home(cluster)
+    if gnupg_home.exists():
+        shutil.rmtree(gnupg_home)
     network.remove_network_if_unused()
     return names
 

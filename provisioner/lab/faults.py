@@ -32,6 +32,8 @@ FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS
 
 _PORT_FIELDS = ("state", "phys_state", "lid", "sm_lid", "width", "speed", "rate_gbps", "bw_factor", "flapping")
 HIDDEN_SUFFIX = ".lab-hidden"
+DEFAULT_SM_UNIT = "opensmd"
+"""The unit of NVIDIA's opensm package (DOCA/MLNX_OFED), which the lab's stand-in installs."""
 
 
 def _podman_runner(args: list[str]) -> None:
@@ -121,7 +123,7 @@ def apply_fault(
         node["reachable"] = False
         commands.append(["pause", ctr] if method == "pause" else ["exec", ctr, "systemctl", "stop", "ssh"])
     elif kind == "sm_killed":
-        unit = str(params.get("unit", (fabric or {}).get("sm", {}).get("unit", "opensm")))
+        unit = str(params.get("unit", (fabric or {}).get("sm", {}).get("unit", DEFAULT_SM_UNIT)))
         record["unit"] = unit
         commands.append(["exec", ctr, "systemctl", "stop", unit])
     elif kind == "hardware_swap":

@@ -5,7 +5,11 @@ The lab rehearses exactly the cluster the operator wrote: same host names, GPUs,
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import Literal
+
 from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
+from provisioner.lab.packages import VendorVersions
 from provisioner.spec.catalog import GPU_MODELS
 from provisioner.spec.cluster import Cluster
 
@@ -34,3 +38,50 @@ def lab_cables(cluster: Cluster) -> list[LabCable]:
     ports = {(n.name, p.device): p.port for n in cluster.nodes for p in n.ports}
     return [LabCable(node=c.node, device=c.device, port=ports.get((c.node, c.device), 1), switch=c.switch,
                      switch_port=c.switch_port) for c in cluster.cables]
+
+
+DOCA_OFED: dict[str, str] = {
+    "2.9.1": "24.10-1.1.4.0",
+    "2.9.2": "24.10-2.1.8.0",
+}
+"""DOCA-Host release -> the MLNX_OFED version it ships (``ofed_info -s``); 2.9.2 from the release manifest in
+Mellanox/doca-driver-build PR #81 ("MLNX_OFED_LINUX-24.10-2.1.8.0 / DOCA-Host 2.9.2-0.1.5")."""
+
+DRIFT: dict[str, dict[str, str]] = {
+    "driver": {"550.90.07": "550.127.05", "535.183.01": "535.216.01"},
+    "nccl": {"2.21.5": "2.23.4", "2.20.5": "2.21.5"},
+}
+"""Newer releases of the same branch that a real mirror would also carry (the lab's "drift" set)."""
+
+
+def lab_versions(cluster: Cluster) -> VendorVersions:
+    """The pinned software set of the spec, as the stand-in package recipes take it."""
+    sw = cluster.spec.software
+    defaults = VendorVersions()
+    flavor = sw.ofed.flavor
+    ofed_kind: Literal["doca", "mlnx"]
+    if flavor == "mlnx_ofed":
+        ofed_kind, ofed, doca = "mlnx", sw.ofed.version or defaults.ofed, defaults.doca
+    else:  # doca, or inbox (the OFED packages are then built but nothing installs them)
+        doca = sw.ofed.version if flavor == "doca" and sw.ofed.version else defaults.doca
+        ofed_kind, ofed = "doca", DOCA_OFED.get(doca, defaults.ofed)
+    fabric_manager = sw.fabric_manager if sw.fabric_manager is not None else any(n.nvswitch for n in cluster.nodes)
+    return VendorVersions(
+        driver=sw.driver.version, driver_flavor=sw.driver.kernel_modules, cuda=sw.cuda, nccl=sw.nccl,
+        ofed_kind=ofed_kind, ofed=ofed, doca=doca, fabric_manager=fabric_manager, nccl_tests=sw.nccl_tests,
+    )
+
+
+def _bump(version: str) -> str:
+    """A plausible next release: the last numeric field plus one (``2.21.5`` -> ``2.21.6``)."""
+    head, _, last = version.rpartition(".")
+    return f"{head}.{int(last) + 1:0{len(last)}d}" if last.isdigit() and head else version + ".1"
+
+
+def drift_versions(pinned: VendorVersions) -> VendorVersions:
+    """A newer driver and NCCL of the same branches, so that apt pinning in the roles is a real choice."""
+    return replace(
+        pinned,
+        driver=DRIFT["driver"].get(pinned.driver, _bump(pinned.driver)),
+        nccl=DRIFT["nccl"].get(pinned.nccl, _bump(pinned.nccl)),
+    )

@@ -247,6 +247,9 @@ def fabric_state(
 ) -> dict[str, Any]:
     """fabric.json: all nodes' ports and GUIDs, switches, cabling.
 
+    The shape is the one documented in docs/lab-hardware-model.md and read by the
+    simulated SM and MAD tools (``fabsim_sm``): ``cables`` is always a list; an empty
+    list means the spec declared no cabling, so every linked-up port counts as cabled.
     Keys other parts of the lab own (``sm``, ``link_model``) are carried over from
     ``previous`` so rewriting the fabric never wipes the SM's configuration.
     """
@@ -256,7 +259,8 @@ def fabric_state(
         "subnet_prefix": "0xfe80000000000000",
         "nodes": {n["hostname"]: fabric_node_entry(n) for n in nodes},
         "switches": [
-            {"name": sw.name, "ports": sw.ports, "guid": pool.derive(cluster, "switch", sw.name)}
+            {"name": sw.name, "ports": sw.ports, "guid": pool.derive(cluster, "switch", sw.name),
+             "description": sw.name}
             for sw in switches
         ],
         "cables": [asdict(c) for c in cables],

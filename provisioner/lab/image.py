@@ -7,7 +7,8 @@ on this host.  It is built in two layers so that the slow part happens once:
    to be many containers at once (empty machine-id, no baked SSH host keys), cached as
    ``~/.cache/provisioner-lab/base-<hash>.rootfs.tar.zst`` where the hash covers the
    base recipe only; it is rebuilt only when that recipe changes;
-2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod`` and ``labstate.py``,
+2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod``/``sminfo``/``saquery``/
+   ``iblinkinfo`` and the shared modules (``labstate.py``, ``fabsim_*.py``),
    copied into a container of the base and committed; its hash is the image's
    ``provisioner-lab.recipe`` label, so an edit of those files costs seconds, not a
    debootstrap.
@@ -55,6 +56,10 @@ ExecStartPre=/usr/sbin/sshd -t
 
 LAB_LIB_DIR = "/usr/lib/provisioner-lab"
 SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod")
+LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_perftest.py", "fabsim_nccl.py", "fabsim_sm.py")
+"""Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
+MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo")
+"""Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -161,11 +166,21 @@ def base_recipe_hash(suite: str = SUITE, packages: Iterable[str] = IMAGE_PACKAGE
 
 
 def lab_files() -> dict[str, tuple[bytes, int]]:
-    """Files of the lab layer: destination path -> (content, mode)."""
+    """Files of the lab layer: destination path -> (content, mode).
+
+    The shared modules go to ``/usr/lib/provisioner-lab/``, where every simulated tool
+    (those of the stand-in packages included) imports them from; no package ships them,
+    since several packages would then own one path.  The simulated kernel-module and MAD
+    tools are part of the simulated *hardware*, not of any package: they go to
+    ``/usr/local/sbin``, ahead of Debian's real ones in root's PATH (sshd's and sudo's).
+    """
+    simtools = _PACKAGE_DIR / "simtools"
     kmod = (_PACKAGE_DIR / "nodetools" / "kmod_sim.py").read_bytes()
-    labstate = (_PACKAGE_DIR / "simtools" / "labstate.py").read_bytes()
     files = {f"/usr/local/sbin/{name}": (kmod, 0o755) for name in SIM_TOOL_NAMES}
-    files[f"{LAB_LIB_DIR}/labstate.py"] = (labstate, 0o644)
+    for module in LAB_MODULES:
+        files[f"{LAB_LIB_DIR}/{module}"] = ((simtools / module).read_bytes(), 0o644)
+    for tool in MAD_TOOLS:
+        files[f"/usr/local/sbin/{tool}"] = ((simtools / tool).read_bytes(), 0o755)
     return files
 
 

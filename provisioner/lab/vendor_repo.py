@@ -23,7 +23,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -292,7 +293,31 @@ def build_vendor_repo(
     out = Path(out_dir).resolve()
     say = progress or (lambda _msg: None)
     recipes = collect_recipes(versions)
-    home = gnupg_home or default_gnupg_home(out)
+    real_home = gnupg_home or default_gnupg_home(out)
+    real_home.mkdir(parents=True, exist_ok=True)
+    with _short_home(real_home) as home:
+        return _build(out, recipes, home, say)
+
+
+GNUPG_HOME_MAX = 60
+"""gpg-agent puts its sockets (``S.gpg-agent.browser``...) in GNUPGHOME; a Unix socket path
+has 107 bytes at most, so a longer home makes gpg fail with "No agent running"."""
+
+
+@contextmanager
+def _short_home(home: Path) -> Iterator[Path]:
+    """``home``, or a short symlink to it under /tmp while gpg runs (the key stays in ``home``)."""
+    if len(str(home)) <= GNUPG_HOME_MAX:
+        yield home
+        return
+    with tempfile.TemporaryDirectory(prefix="plab-gpg-") as tmp:
+        link = Path(tmp) / "h"
+        link.symlink_to(home.resolve(), target_is_directory=True)
+        yield link
+
+
+def _build(out: Path, recipes: Sequence[PackageRecipe], home: Path, say: Progress) -> RepoInfo:
+    """The build proper, with ``home`` a GNUPGHOME short enough for gpg-agent's sockets."""
     try:
         fingerprint = ensure_signing_key(home)
         digest = hashlib.sha256(f"{_recipe_digest(recipes)}:{fingerprint}".encode()).hexdigest()

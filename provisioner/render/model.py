@@ -207,6 +207,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
     }
     if key_file:
         allv["ansible_ssh_private_key_file"] = key_file
+    for name, value in spec.site_vars.items():
+        allv[name] = value
     inv.groupvars["all"] = allv
 
     order = {h: i for i, h in enumerate(all_hosts)}

@@ -32,6 +32,8 @@ ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-
 LnetNet = Annotated[str, StringConstraints(pattern=r"^(o2ib|tcp)[0-9]{0,2}(\([A-Za-z0-9_.-]{1,15}\))?$")]
 Nid = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}@(o2ib|tcp)[0-9]{0,2}$")]
 FsName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,8}$")]
+SiteVarName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+SiteVarValue = bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/=,+-]{0,256}$")]
 ClientSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9*.\[\],/_-]{1,256}$")]
 
 Role = Literal["compute", "login", "subnet_manager", "nfs_server", "storage", "management"]
@@ -323,3 +325,6 @@ class Spec(Strict):
     switches: list[Switch] = Field(default_factory=list, description="Fabric switches (topology and management).")
     storage: Storage = Field(default_factory=Storage, description="NFS exports/mounts and Lustre mounts.")
     verify: Verify = Field(default_factory=Verify, description="What `provision verify` checks and its thresholds.")
+    site_vars: dict[SiteVarName, SiteVarValue] = Field(
+        default_factory=dict, description="Site overrides of role variables (e.g. preflight_gpu_evidence), "
+        "rendered into group_vars/all; names and string values are pattern-checked.")

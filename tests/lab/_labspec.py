@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
 
-CLUSTER = "labtest"
+CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labtest")
+"""Overridable so that two runs on one host (a CI job and a developer) do not share containers."""
 
 
 def nodes(count: int = 3) -> list[LabNodeSpec]:

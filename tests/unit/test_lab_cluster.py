@@ -30,7 +30,8 @@ def test_known_hosts_roundtrip() -> None:
 
 def test_overlay_shape() -> None:
     data = cluster.overlay_data(Path("/k"), Path("/kh"), {"b": "2", "a": "1"})
-    assert data == {"ssh": {"user": "root", "key": "/k", "known_hosts": "/kh"}, "addresses": {"a": "1", "b": "2"}}
+    assert data == {"ssh": {"user": "root", "key": "/k", "known_hosts": "/kh"}, "addresses": {"a": "1", "b": "2"},
+                    "site_vars": {"preflight_gpu_evidence": "nvidia-smi"}}
 
 
 def test_run_args_mounts_state_and_sysfs() -> None:

@@ -79,3 +79,42 @@ def test_recipe_hashes() -> None:
     changed = dict(files, **{"/usr/local/sbin/lsmod": (b"#!/bin/sh\n", 0o755)})
     assert full != image.image_recipe_hash(base, changed)
     assert full == image.image_recipe_hash(base, dict(files))
+
+
+def _imports(source: bytes) -> set[str]:
+    """Top-level module names a Python file imports (any depth of the AST)."""
+    import ast
+
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def test_every_simulated_tool_finds_its_modules_in_the_image() -> None:
+    """Installed scripts import flat modules from /usr/lib/provisioner-lab: the lab layer must hold all of them."""
+    import sys
+
+    from provisioner.lab.packages import VendorVersions, recipes_for
+
+    layer = image.lab_files()
+    provided = {Path(p).stem for p in layer if p.startswith(image.LAB_LIB_DIR + "/") and p.endswith(".py")}
+    assert {"labstate", "fabsim_common", "fabsim_perftest", "fabsim_nccl", "fabsim_sm"} <= provided
+    scripts = {path: content for path, (content, mode) in layer.items() if mode & 0o111}
+    for recipe in recipes_for(VendorVersions()):
+        scripts.update({f.path: f.content for f in recipe.files if f.content.startswith(b"#!/usr/bin/python3")})
+    assert {"/usr/sbin/opensm", "/usr/bin/ib_write_bw", "/usr/local/bin/all_reduce_perf", "/usr/bin/nvidia-smi",
+            "/usr/local/sbin/sminfo", "/usr/local/sbin/iblinkinfo"} <= set(scripts)
+    pending = list(scripts.items())
+    seen: set[str] = set()
+    while pending:
+        path, source = pending.pop()
+        for name in _imports(source) - set(sys.stdlib_module_names) - {"provisioner", "__future__"}:
+            assert name in provided, f"{path} imports {name}, which the image lacks"
+            if name not in seen:
+                seen.add(name)
+                pending.append((name, layer[f"{image.LAB_LIB_DIR}/{name}.py"][0]))
+    assert "fabsim_common" in seen and "labstate" in seen

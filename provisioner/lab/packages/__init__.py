@@ -474,17 +474,14 @@ WantedBy=multi-user.target
                 _text("/lib/systemd/system/opensmd.service", opensmd_unit),
             ),
         ),
-        PackageRecipe(
-            "infiniband-diags",
-            tool_ver,
-            "InfiniBand diagnostic programs (NVIDIA build), lab stand-in",
-            "net",
-            files=_present(
-                *(_tool(t, f"/usr/sbin/{t}") for t in ("sminfo", "iblinkinfo", "saquery", "ibnetdiscover"))
-            ),
-        ),
     ]
-    everything = tuple(f"{name} (= {ver})" for name, ver in components.items())
+    # infiniband-diags is Debian's real package (in the node image: its ibstat reads the
+    # simulated sysfs).  A stand-in would need a version above Debian's 44.0-2 and would
+    # replace the real ibstat; the MAD tools that cannot work without an HCA (sminfo,
+    # iblinkinfo, saquery) are simulated by the image's lab layer in /usr/local/sbin.
+    everything = tuple(
+        f"{name} (= {ver})" if name != "infiniband-diags" else name for name, ver in components.items()
+    )
     if v.ofed_kind == "doca":
         recipes.append(
             PackageRecipe(

@@ -393,9 +393,13 @@ def live_sms(sm_dir: str, stale_s: float, now: float) -> list[dict[str, Any]]:
 
 
 def cabled_ports(fabric: dict[str, Any]) -> set[tuple[str, str, int]] | None:
-    """(node, device, port) of every HCA port with a cable; None when fabric.json lists no cables."""
+    """(node, device, port) of every HCA port with a cable; None when fabric.json lists no cables.
+
+    The lab always writes a ``cables`` list; an empty one means the spec declared no
+    cabling (a lab without switches), and then every linked-up port counts as cabled.
+    """
     cables = fabric.get("cables")
-    if not isinstance(cables, list):
+    if not isinstance(cables, list) or not cables:
         return None
     out = set()
     for cable in cables:

@@ -1,0 +1,430 @@
+"""The phases of `provision cluster.yaml`, in order, and the engine that runs them with failure isolation.
+
+    validate -> render -> preflight -> repos -> gpu_stack -> ofed -> fabric -> storage -> verify -> report
+
+Each phase is a playbook under playbooks/ or a Python step. The engine keeps going when single nodes
+break: a host that fails or cannot be reached in a phase is *set aside* with its reason and the others carry
+on, because one dead node must not hold 127 healthy ones hostage. It stops the whole run when that would be
+wrong: a critical host (the subnet manager, the NFS server) is down, or more than `max_fail` percent of the
+run's hosts have been set aside (then something systematic is broken and carrying on only adds damage).
+
+A phase whose playbook does not exist yet is recorded as `not_built`, never as passed, and no host counts
+it as completed, so a later `--resume` runs it once it exists.
+
+The journal (`provisioner.state`) is written after every phase; `--resume` continues each host from the
+first phase it has not completed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from provisioner.errors import UsageError
+from provisioner.runner import PLAYBOOKS_DIR, PlaybookResult, RunnerError, run_playbook
+from provisioner.spec.hostlist import HostlistError, compress, expand
+from provisioner.state import (
+    HostProgress,
+    PhaseRecord,
+    RunJournal,
+    last_run,
+    new_run_id,
+    runs_dir,
+    save_journal,
+    utcnow,
+)
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    title: str
+    playbook: str | None = None   # file under playbooks/; None: a Python step
+    always: bool = False          # re-run on every run and resume (cheap prerequisites)
+
+
+PHASES: tuple[Phase, ...] = (
+    Phase("validate", "validate the spec", always=True),
+    Phase("render", "render the inventory", always=True),
+    Phase("preflight", "preflight checks", "preflight.yml"),
+    Phase("repos", "vendor repositories", "repos.yml"),
+    Phase("gpu_stack", "driver, CUDA, NCCL", "gpu_stack.yml"),
+    Phase("ofed", "DOCA-OFED/MOFED, GPUDirect RDMA", "ofed.yml"),
+    Phase("fabric", "subnet manager, switches", "fabric.yml"),
+    Phase("storage", "NFS/Lustre", "storage.yml"),
+    Phase("verify", "verify the fabric against the spec"),
+    Phase("report", "write the reports"),
+)
+PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
+CRITICAL_ROLES: tuple[str, ...] = ("subnet_manager", "nfs_server")
+DEFAULT_MAX_FAIL = 10.0
+
+
+def phase(name: str) -> Phase:
+    for p in PHASES:
+        if p.name == name:
+            return p
+    raise UsageError(f"unknown phase '{name}'", hint="one of " + ", ".join(PHASE_NAMES))
+
+
+@dataclass
+class RunOptions:
+    """Everything the command line can say about a run (the CLI builds this; see docs/notes/run-engine.md)."""
+
+    only: list[str] = field(default_factory=list)
+    from_phase: str | None = None
+    limit: str | None = None
+    check: bool = False
+    diff: bool = False
+    tags: list[str] = field(default_factory=list)
+    forks: int | None = None
+    max_fail: float = DEFAULT_MAX_FAIL
+    resume: bool = False
+    overlay: str | None = None
+    secret_files: list[Path] = field(default_factory=list)   # -e @file; every value is scrubbed from artifacts
+    vault_password_file: Path | None = None
+    extravars: dict[str, Any] = field(default_factory=dict)  # non-secret only (they reach the command line)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"only": self.only, "from": self.from_phase, "limit": self.limit, "check": self.check,
+                "diff": self.diff, "tags": self.tags, "forks": self.forks, "max_fail": self.max_fail,
+                "resume": self.resume, "overlay": self.overlay,
+                "secret_files": [str(v) for v in self.secret_files], "extravars": self.extravars}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# planning (pure)
+
+def select_phases(only: Sequence[str] = (), from_phase: str | None = None) -> list[str]:
+    """The phases to run, in order. validate and render always run: every later phase needs the inventory."""
+    if only and from_phase:
+        raise UsageError("--only and --from cannot be used together")
+    for name in [*only, *([from_phase] if from_phase else [])]:
+        phase(name)
+    if only:
+        wanted = set(only)
+        return [p.name for p in PHASES if p.always or p.name in wanted]
+    if from_phase:
+        start = PHASE_NAMES.index(from_phase)
+        return [p.name for i, p in enumerate(PHASES) if p.always or i >= start]
+    return list(PHASE_NAMES)
+
+
+def expand_limit(limit: str | None, known: Sequence[str]) -> list[str]:
+    """`--limit` in hostlist syntax (`gpu[01-04],sm1`), checked against the spec's hosts, in spec order."""
+    if not limit:
+        return list(known)
+    try:
+        names = expand(limit)
+    except HostlistError as exc:
+        raise UsageError(f"--limit: {exc}") from None
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"--limit names host(s) not in the spec: {compress(unknown)}")
+    wanted = set(names)
+    return [h for h in known if h in wanted]
+
+
+def critical_hosts(roles: Mapping[str, Iterable[str]]) -> dict[str, str]:
+    """host -> the critical role it plays (subnet_manager, nfs_server): its failure stops the run."""
+    out: dict[str, str] = {}
+    for host, host_roles in roles.items():
+        crit = [r for r in host_roles if r in CRITICAL_ROLES]
+        if crit:
+            out[host] = ",".join(crit)
+    return out
+
+
+@dataclass
+class RunPlan:
+    phases: list[str]
+    hosts: list[str]                       # the hosts this run works on, spec order
+    progress: dict[str, HostProgress]      # every host known to the journal (carried over on resume)
+    resumed_from: str | None = None
+
+
+def plan_run(all_hosts: Sequence[str], options: RunOptions, previous: RunJournal | None = None) -> RunPlan:
+    """Which phases and hosts this run covers. On resume: the previous run's phases, and its hosts that have
+    not completed them (narrowed by --limit), each continuing from the first phase it has not completed."""
+    limited = expand_limit(options.limit, all_hosts)
+    if not options.resume:
+        return RunPlan(select_phases(options.only, options.from_phase), limited,
+                       {h: HostProgress() for h in limited})
+    if previous is None:
+        raise UsageError("--resume: no previous run of this cluster", hint="run without --resume first")
+    if options.only or options.from_phase:
+        raise UsageError("--resume continues the previous run's phases; drop --only/--from")
+    progress = {h: HostProgress(list(hp.completed), dict(hp.set_aside) if hp.set_aside else None)
+                for h, hp in previous.hosts.items() if h in all_hosts}
+    wanted = set(limited)
+    hosts = [h for h in all_hosts if h in wanted and h in progress
+             and any(p not in progress[h].completed for p in previous.phases_planned if not phase(p).always)]
+    if not hosts:
+        raise UsageError("--resume: nothing left to do for these hosts in run " + previous.run_id)
+    for h in hosts:
+        progress[h].set_aside = None
+    return RunPlan(list(previous.phases_planned), hosts, progress, previous.run_id)
+
+
+@dataclass(frozen=True)
+class Decision:
+    stop: bool
+    reason: str | None = None
+
+
+def decide(set_aside: Mapping[str, Mapping[str, str]], run_hosts: int, critical: Mapping[str, str],
+           max_fail: float) -> Decision:
+    """Carry on or stop, given every host set aside so far in this run."""
+    crit = [h for h in set_aside if h in critical]
+    if crit:
+        h = crit[0]
+        return Decision(True, f"critical host {h} ({critical[h]}) was set aside in phase "
+                              f"{set_aside[h].get('phase')}: {set_aside[h].get('reason')}")
+    if run_hosts and len(set_aside) * 100.0 > max_fail * run_hosts:
+        pct = 100.0 * len(set_aside) / run_hosts
+        return Decision(True, f"{len(set_aside)} of {run_hosts} hosts set aside ({pct:.0f} %), "
+                              f"more than --max-fail {max_fail:g} %")
+    return Decision(False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# steps
+
+@dataclass
+class StepOutcome:
+    """What a Python step reports: per-host failures (absent hosts passed), or not_built/error."""
+
+    status: str = "ok"   # ok, not_built, error
+    failed: dict[str, str] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
+    note: str | None = None
+
+
+@dataclass
+class StepContext:
+    phase: str
+    hosts: list[str]
+    run_dir: Path
+    state_dir: Path
+    options: RunOptions
+
+
+PythonStep = Callable[[StepContext], StepOutcome]
+
+
+class Reporter(Protocol):
+    """What the engine tells the progress view (provisioner.progress implements it)."""
+
+    def phase_started(self, name: str, hosts: Sequence[str]) -> None: ...
+    def event(self, phase: str, event: Mapping[str, Any]) -> None: ...
+    def phase_finished(self, record: PhaseRecord) -> None: ...
+    def run_finished(self, journal: RunJournal) -> None: ...
+
+
+class NullReporter:
+    def phase_started(self, name: str, hosts: Sequence[str]) -> None:
+        return None
+
+    def event(self, phase: str, event: Mapping[str, Any]) -> None:
+        return None
+
+    def phase_finished(self, record: PhaseRecord) -> None:
+        return None
+
+    def run_finished(self, journal: RunJournal) -> None:
+        return None
+
+
+PlaybookRunner = Callable[..., PlaybookResult]
+
+
+def outcome_from_result(result: PlaybookResult) -> StepOutcome:
+    """Per-host failures from a playbook result; a run with no per-host result at all is an error."""
+    if result.error is not None:
+        return StepOutcome("error", note=f"{result.playbook}: {result.error}")
+    return StepOutcome(
+        "ok",
+        failed={h: s.reason for h, s in result.hosts.items() if s.state == "failed"},
+        unreachable={h: s.reason for h, s in result.hosts.items() if s.state == "unreachable"},
+    )
+
+
+@dataclass
+class Engine:
+    """Runs a plan phase by phase, isolating failed hosts, journaling after each phase."""
+
+    cluster: str
+    spec: str
+    state_dir: Path
+    inventory_dir: Path
+    critical: Mapping[str, str]
+    options: RunOptions
+    playbooks_dir: Path = PLAYBOOKS_DIR
+    runner: PlaybookRunner = run_playbook
+    steps: Mapping[str, PythonStep] = field(default_factory=dict)
+    reporter: Reporter = field(default_factory=NullReporter)
+    run_id: str = field(default_factory=new_run_id)
+
+    def execute(self, plan: RunPlan) -> RunJournal:
+        journal = RunJournal(self.run_id, self.cluster, self.spec, list(plan.phases), plan.progress,
+                             self.options.to_json(), resumed_from=plan.resumed_from)
+        run_dir = runs_dir(self.state_dir) / self.run_id
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_journal(self.state_dir, journal)
+        active = list(plan.hosts)
+        set_aside: dict[str, dict[str, str]] = {}
+        for name in plan.phases:
+            ph = phase(name)
+            targets = [h for h in active if ph.always or name not in journal.hosts[h].completed]
+            rec = PhaseRecord(name, started=utcnow(), hosts=targets)
+            journal.phases.append(rec)
+            if not targets:
+                rec.status, rec.ended, rec.note = "skipped", utcnow(), "every host has completed it"
+                continue
+            self.reporter.phase_started(name, targets)
+            outcome = self._run_phase(ph, targets, run_dir, rec)
+            rec.ended = utcnow()
+            if outcome.status in ("not_built", "error"):
+                rec.status, rec.note = outcome.status, outcome.note
+                self.reporter.phase_finished(rec)
+                save_journal(self.state_dir, journal)
+                if outcome.status == "error":
+                    journal.stop_reason = f"phase {name} could not run: {outcome.note}"
+                    break
+                continue
+            self._apply(name, targets, outcome, rec, journal, set_aside)
+            active = [h for h in active if h not in set_aside]
+            self.reporter.phase_finished(rec)
+            save_journal(self.state_dir, journal)
+            decision = decide(set_aside, len(plan.hosts), self.critical, self.options.max_fail)
+            if decision.stop:
+                journal.stop_reason = decision.reason
+                break
+            if not active:
+                journal.stop_reason = "no host left to continue with"
+                break
+        journal.ended = utcnow()
+        journal.status = final_status(journal)
+        save_journal(self.state_dir, journal)
+        self.reporter.run_finished(journal)
+        return journal
+
+    def _apply(self, name: str, targets: list[str], outcome: StepOutcome, rec: PhaseRecord, journal: RunJournal,
+               set_aside: dict[str, dict[str, str]]) -> None:
+        rec.unreachable = {h: r for h, r in outcome.unreachable.items() if h in targets}
+        rec.failed = {h: r for h, r in outcome.failed.items() if h in targets and h not in rec.unreachable}
+        rec.ok = [h for h in targets if h not in rec.failed and h not in rec.unreachable]
+        rec.status = "partial" if (rec.failed or rec.unreachable) else "ok"
+        for state, bad in (("failed", rec.failed), ("unreachable", rec.unreachable)):
+            for h, reason in bad.items():
+                entry = {"phase": name, "state": state, "reason": reason}
+                set_aside[h] = entry
+                journal.hosts[h].set_aside = entry
+        if not self.options.check:  # a dry run completes nothing
+            for h in rec.ok:
+                if name not in journal.hosts[h].completed:
+                    journal.hosts[h].completed.append(name)
+
+    def _run_phase(self, ph: Phase, targets: list[str], run_dir: Path, rec: PhaseRecord) -> StepOutcome:
+        if ph.playbook is None:
+            step = self.steps.get(ph.name)
+            if step is None:
+                return StepOutcome("not_built", note=f"the {ph.name} step is not built yet")
+            return step(StepContext(ph.name, targets, run_dir, self.state_dir, self.options))
+        playbook = self.playbooks_dir / ph.playbook
+        if not playbook.is_file():
+            return StepOutcome("not_built", note=f"playbooks/{ph.playbook} does not exist yet")
+        try:
+            result = self.runner(
+                playbook, self.inventory_dir, private_data_dir=run_dir / ph.name, limit=targets,
+                tags=self.options.tags or None, check=self.options.check, diff=self.options.diff,
+                forks=self.options.forks, event_handler=lambda ev: self.reporter.event(ph.name, ev),
+                extravars=self.options.extravars or None, secret_files=self.options.secret_files,
+                vault_password_file=self.options.vault_password_file,
+                state_dir=self.state_dir, ident=ph.name)
+        except RunnerError as exc:
+            return StepOutcome("error", note=str(exc))
+        rec.artifact_dir = str(result.artifact_dir) if result.artifact_dir else None
+        return outcome_from_result(result)
+
+
+def final_status(journal: RunJournal) -> str:
+    """passed only when every planned phase ran and every host came through; never with a phase not built."""
+    statuses = {p.status for p in journal.phases}
+    if journal.stop_reason:
+        return "stopped"
+    if journal.set_aside:
+        return "partial"
+    if "not_built" in statuses:
+        return "incomplete"
+    return "passed"
+
+
+def retry_command(journal: RunJournal, spec: str | None = None) -> str | None:
+    """The exact command that picks up the set-aside hosts, or None when none were set aside."""
+    hosts = [h for h in journal.hosts if journal.hosts[h].set_aside]
+    if not hosts:
+        return None
+    overlay = journal.options.get("overlay")
+    parts = ["provision", spec or journal.spec, "--resume", "--limit", compress(hosts)]
+    if overlay:
+        parts += ["--overlay", str(overlay)]
+    return " ".join(parts)
+
+
+def summary_lines(journal: RunJournal) -> list[str]:
+    """The end-of-run summary for a person: per phase, set-aside hosts with reasons, how to retry."""
+    lines = [f"run {journal.run_id}: {journal.status}"]
+    for rec in journal.phases:
+        extra = ""
+        if rec.failed or rec.unreachable:
+            extra = f" ({len(rec.ok)} ok, {len(rec.failed)} failed, {len(rec.unreachable)} unreachable)"
+        elif rec.note and rec.status in ("not_built", "error", "skipped"):
+            extra = f" ({rec.note})"
+        lines.append(f"  {rec.name}: {rec.status.replace('_', ' ')}{extra}")
+    aside = journal.set_aside
+    if aside:
+        lines.append(f"set aside ({len(aside)}):")
+        lines.extend(f"  {h}: {sa['state']} in {sa['phase']}: {sa['reason']}" for h, sa in aside.items())
+    if journal.stop_reason:
+        lines.append(f"stopped: {journal.stop_reason}")
+    cmd = retry_command(journal)
+    if cmd:
+        lines.append(f"retry them: {cmd}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the whole run from a spec
+
+def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = None,
+                  runner: PlaybookRunner = run_playbook, steps: Mapping[str, PythonStep] | None = None,
+                  reporter: Reporter | None = None, playbooks_dir: Path = PLAYBOOKS_DIR) -> RunJournal:
+    """`provision cluster.yaml`: load the spec (raises SpecInvalid), plan (fresh or --resume), run the phases.
+
+    `steps` supplies the Python phases beyond validate/render (verify, report); missing ones are not built.
+    """
+    from provisioner.render import render_inventory
+    from provisioner.spec import load_cluster
+
+    overlay = Path(options.overlay) if options.overlay else None
+    cluster, warnings = load_cluster(spec, overlay)
+    sdir = state_dir or Path(".provision") / cluster.name
+    previous = last_run(sdir) if options.resume else None
+    plan = plan_run([n.name for n in cluster.nodes], options, previous)
+
+    def validate_step(ctx: StepContext) -> StepOutcome:
+        return StepOutcome(note=f"{len(cluster.nodes)} nodes, {len(warnings)} warning(s)")
+
+    def render_step(ctx: StepContext) -> StepOutcome:
+        res = render_inventory(cluster, sdir)
+        return StepOutcome(note=f"{res.out_dir}: {len(res.written) + len(res.removed)} file(s) changed")
+
+    all_steps: dict[str, PythonStep] = {"validate": validate_step, "render": render_step, **(steps or {})}
+    engine = Engine(cluster.name, str(spec), sdir, sdir / "inventory",
+                    critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
+                    playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
+                    reporter=reporter or NullReporter())
+    return engine.execute(plan)

@@ -1,0 +1,513 @@
+"""Run one playbook through ansible-runner and boil its event stream down to a per-host outcome.
+
+This is the only module that imports `ansible_runner`. Everything else sees `PlaybookResult`: per host the
+ok/changed/failed/unreachable/skipped counts, and for a host that failed or could not be reached, the task
+that did it and Ansible's message. The phase engine (`provisioner.phases`) decides what to do with that.
+
+Why the care around artifacts: ansible-runner records the whole process environment (`command`), every
+event with its task results (`job_events/`) and the full stdout under the artifact directory, and we keep
+those under the state dir for people to read after a failed run. Secrets must not end up there. So:
+secrets only reach Ansible as vars *files* named on the command line (`-e @file`), never as environment or
+extra-vars values; `suppress_env_files` keeps runner from copying anything into `env/`; `no_log` is left to
+Ansible (the callback plugin censors those results); each event is redacted in place before runner writes
+it; and after the run every artifact file is scrubbed for the registered secret values, and the recorded
+environment is cut down to an allow-list.
+"""
+
+from __future__ import annotations
+
+import configparser
+import io
+import json
+import os
+import sys
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from provisioner.errors import ProvisionerError, UsageError
+
+REDACTED = "********"
+MIN_SECRET_LEN = 4  # shorter values would shred the artifacts when scrubbed; vault files hold real secrets
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ROLES_DIR = REPO_ROOT / "roles"
+PLAYBOOKS_DIR = REPO_ROOT / "playbooks"
+DEFAULT_FORKS = 25
+CONTROL_PERSIST_S = 60
+# unix sockets are limited to 108 bytes; ansible appends a 10-character hash to the directory
+_MAX_CONTROL_DIR_LEN = 80
+# environment variables kept in the recorded `command` artifact (everything else from the caller's
+# environment is dropped: it may hold tokens that ansible never needed)
+_ENV_KEEP_PREFIXES = ("ANSIBLE_", "AWX_", "RUNNER_")
+_ENV_KEEP = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "USER", "PYTHONPATH", "VIRTUAL_ENV", "SHELL", "TERM"})
+
+EventHandler = Callable[[dict[str, Any]], None]
+
+
+class RunnerError(ProvisionerError):
+    """ansible-playbook could not run the playbook at all (syntax error, bad inventory, missing binary)."""
+
+    exit_code = 2
+
+
+@dataclass
+class HostStatus:
+    """What one playbook run did on one host."""
+
+    host: str
+    ok: int = 0
+    changed: int = 0
+    failed: int = 0
+    unreachable: int = 0
+    skipped: int = 0
+    rescued: int = 0
+    ignored: int = 0
+    failed_task: str | None = None
+    message: str | None = None
+
+    @property
+    def state(self) -> str:
+        """`unreachable`, `failed` or `ok`: unreachable wins, since nothing after it ran."""
+        if self.unreachable:
+            return "unreachable"
+        if self.failed:
+            return "failed"
+        return "ok"
+
+    @property
+    def reason(self) -> str:
+        """One line for a person: the task and Ansible's message."""
+        if self.state == "ok":
+            return ""
+        task = f"task '{self.failed_task}'" if self.failed_task else "a task"
+        return f"{self.state} at {task}: {self.message or 'no message'}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"host": self.host, "state": self.state, "ok": self.ok, "changed": self.changed,
+                "failed": self.failed, "unreachable": self.unreachable, "skipped": self.skipped,
+                "rescued": self.rescued, "ignored": self.ignored, "failed_task": self.failed_task,
+                "message": self.message}
+
+
+@dataclass
+class PlaybookResult:
+    """The outcome of one playbook run: runner's status, rc, per-host statuses, where the artifacts are."""
+
+    playbook: str
+    status: str
+    rc: int
+    hosts: dict[str, HostStatus]
+    artifact_dir: Path | None
+    error: str | None = None  # set when the run produced no per-host result (the whole playbook failed)
+
+    def hosts_in(self, state: str) -> list[str]:
+        return [h for h, s in self.hosts.items() if s.state == state]
+
+    @property
+    def ok_hosts(self) -> list[str]:
+        return self.hosts_in("ok")
+
+    @property
+    def failed_hosts(self) -> list[str]:
+        return self.hosts_in("failed")
+
+    @property
+    def unreachable_hosts(self) -> list[str]:
+        return self.hosts_in("unreachable")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# events -> per-host status (pure)
+
+_COUNTER_EVENTS = {
+    "runner_on_ok": "ok",
+    "runner_on_skipped": "skipped",
+    "runner_on_unreachable": "unreachable",
+}
+
+
+def _event_message(res: Any) -> str:
+    """Ansible's failure text from a task result: `msg`, else stderr, else the module's exception line."""
+    if not isinstance(res, Mapping):
+        return str(res) if res else ""
+    items = [i for i in res.get("results") or [] if isinstance(i, Mapping) and (i.get("failed") or
+                                                                                   i.get("unreachable"))]
+    if items:  # a loop: Ansible's own msg is only "One or more items failed"; the first item says why
+        first = _event_message(items[0]).splitlines()
+        more = f" (and {len(items) - 1} more item(s))" if len(items) > 1 else ""
+        return (first[0] if first else "an item failed") + more
+    for key in ("msg", "stderr", "module_stderr", "exception", "reason"):
+        val = res.get(key)
+        if val:
+            text = str(val).strip()
+            return text.splitlines()[-1] if key in ("exception", "module_stderr") else text
+    return ""
+
+
+class HostTally:
+    """Folds runner events into `HostStatus` records. `playbook_on_stats` is the authority for counts."""
+
+    def __init__(self) -> None:
+        self.hosts: dict[str, HostStatus] = {}
+        self.saw_stats = False
+
+    def _host(self, name: str) -> HostStatus:
+        if name not in self.hosts:
+            self.hosts[name] = HostStatus(name)
+        return self.hosts[name]
+
+    def feed(self, event: Mapping[str, Any]) -> None:
+        kind = event.get("event", "")
+        data = event.get("event_data") or {}
+        if kind == "playbook_on_stats":
+            self._stats(data)
+            return
+        host = data.get("host")
+        if not host:
+            return
+        hs = self._host(str(host))
+        if kind in ("runner_on_failed", "runner_on_async_failed"):
+            if data.get("ignore_errors"):
+                hs.ignored += 1
+                return
+            hs.failed += 1
+            if hs.failed_task is None:
+                hs.failed_task = data.get("task")
+                hs.message = _event_message(data.get("res"))
+        elif kind == "runner_on_unreachable":
+            hs.unreachable += 1
+            if hs.failed_task is None:
+                hs.failed_task = data.get("task")
+                hs.message = _event_message(data.get("res")) or "host unreachable"
+        elif kind in _COUNTER_EVENTS:
+            attr = _COUNTER_EVENTS[kind]
+            setattr(hs, attr, getattr(hs, attr) + 1)
+            if kind == "runner_on_ok" and isinstance(data.get("res"), Mapping) and data["res"].get("changed"):
+                hs.changed += 1
+
+    def _stats(self, data: Mapping[str, Any]) -> None:
+        self.saw_stats = True
+        fields = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable",
+                  "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
+        for stat_key, attr in fields.items():
+            for host, n in (data.get(stat_key) or {}).items():
+                setattr(self._host(str(host)), attr, int(n))
+        for host in data.get("processed") or {}:
+            self._host(str(host))
+
+
+def summarize_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostStatus]:
+    """Per-host status from a sequence of runner events (what `run_playbook` does while the run goes)."""
+    tally = HostTally()
+    for ev in events:
+        tally.feed(ev)
+    return tally.hosts
+
+
+# ---------------------------------------------------------------------------------------------------------
+# secrets and redaction (pure)
+
+def secret_values(data: Any) -> set[str]:
+    """Every scalar leaf of a vars structure, as text: the values of a secrets file are all secret."""
+    out: set[str] = set()
+    if isinstance(data, Mapping):
+        for v in data.values():
+            out |= secret_values(v)
+    elif isinstance(data, list | tuple):
+        for v in data:
+            out |= secret_values(v)
+    elif data is not None and not isinstance(data, bool):
+        text = str(data)
+        if len(text) >= MIN_SECRET_LEN:
+            out.add(text)
+    return out
+
+
+def read_secret_file(path: Path) -> set[str]:
+    """The values of a plain YAML secrets file. A vault-encrypted file yields none (its text is not secret)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot read the secrets file: {exc.strerror or exc}") from None
+    if text.lstrip().startswith("$ANSIBLE_VAULT"):
+        return set()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise UsageError(f"{path}: the secrets file is not YAML: {exc}") from None
+    return secret_values(data)
+
+
+def _variants(secret: str) -> list[str]:
+    """The secret as it may appear in artifacts: raw, JSON-escaped, repr-escaped. Longest first."""
+    forms = {secret, json.dumps(secret)[1:-1], repr(secret)[1:-1]}
+    return sorted(forms, key=len, reverse=True)
+
+
+def redact_text(text: str, secrets: Iterable[str]) -> str:
+    """`text` with every occurrence of each secret (in its escaped forms too) replaced by REDACTED."""
+    for secret in sorted(set(secrets), key=len, reverse=True):
+        if len(secret) < MIN_SECRET_LEN:
+            continue
+        for form in _variants(secret):
+            text = text.replace(form, REDACTED)
+    return text
+
+
+def redact_obj(obj: Any, secrets: frozenset[str]) -> Any:
+    """A copy of a JSON-like structure with secrets redacted in every string, keys included."""
+    if not secrets:
+        return obj
+    if isinstance(obj, str):
+        return redact_text(obj, secrets)
+    if isinstance(obj, Mapping):
+        return {redact_text(str(k), secrets): redact_obj(v, secrets) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [redact_obj(v, secrets) for v in obj]
+    return obj
+
+
+def filter_env(env: Mapping[str, str]) -> dict[str, str]:
+    """The environment cut down to what explains the run: ANSIBLE_*/runner variables and a few basics."""
+    return {k: v for k, v in env.items() if k in _ENV_KEEP or k.startswith(_ENV_KEEP_PREFIXES)}
+
+
+def scrub_artifacts(artifact_dir: Path, secrets: Iterable[str]) -> list[Path]:
+    """Redact every file under `artifact_dir` in place; cut the recorded env down. Returns files changed."""
+    secret_set = frozenset(s for s in secrets if len(s) >= MIN_SECRET_LEN)
+    changed: list[Path] = []
+    if not artifact_dir.is_dir():
+        return changed
+    for path in sorted(p for p in artifact_dir.rglob("*") if p.is_file() and not p.is_symlink()):
+        try:
+            raw = path.read_bytes()
+        except OSError:
+            continue
+        text = raw.decode("utf-8", errors="surrogateescape")
+        new = text
+        if path.name == "command":
+            try:
+                doc = json.loads(text)
+            except ValueError:
+                doc = None
+            if isinstance(doc, dict) and isinstance(doc.get("env"), dict):
+                doc["env"] = filter_env(doc["env"])
+                new = json.dumps(doc, ensure_ascii=False)
+        new = redact_text(new, secret_set)
+        if new != text:
+            path.write_bytes(new.encode("utf-8", errors="surrogateescape"))
+            changed.append(path)
+    return changed
+
+
+# ---------------------------------------------------------------------------------------------------------
+# per-run ansible configuration (pure)
+
+def control_path_dir(state_dir: Path) -> Path:
+    """Where SSH keeps its multiplexing sockets: the state dir if short enough, else ~/.ansible/cp."""
+    cand = state_dir.resolve() / "cp"
+    if len(str(cand)) <= _MAX_CONTROL_DIR_LEN:
+        return cand
+    return Path.home() / ".ansible" / "cp"
+
+
+def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path = ROLES_DIR) -> dict[str, dict[str, str]]:
+    """The ansible.cfg sections for one run: why each setting is there is said next to it."""
+    return {
+        "defaults": {
+            "roles_path": str(roles_path),
+            "forks": str(forks),
+            "host_key_checking": "True",        # never accept an unknown host key
+            "retry_files_enabled": "False",
+            "gathering": "smart",               # gather once, then from the cache
+            "fact_caching": "jsonfile",
+            "fact_caching_connection": str(state_dir.resolve() / "facts"),
+            "fact_caching_timeout": "86400",
+            "interpreter_python": "auto_silent",
+            "nocows": "True",
+        },
+        "ssh_connection": {
+            "pipelining": "True",               # one SSH round trip per task instead of three
+            "ssh_args": f"-o ControlMaster=auto -o ControlPersist={CONTROL_PERSIST_S}s "
+                        "-o StrictHostKeyChecking=yes",
+            "control_path_dir": str(control_path_dir(state_dir)),
+        },
+    }
+
+
+def render_ansible_cfg(settings: Mapping[str, Mapping[str, str]]) -> str:
+    cp = configparser.ConfigParser(interpolation=None)
+    for section, values in settings.items():
+        cp[section] = dict(values)
+    buf = io.StringIO()
+    buf.write("# Written by provisioner for one run; see provisioner/runner.py for why each setting is set.\n")
+    cp.write(buf)
+    return buf.getvalue()
+
+
+def build_cmdline(*, check: bool, diff: bool, secret_files: Iterable[Path], vault_password_file: Path | None) -> str:
+    """ansible-playbook options runner has no keyword for. Paths only: never a secret value."""
+    import shlex
+
+    parts: list[str] = []
+    if check:
+        parts.append("--check")
+    if diff:
+        parts.append("--diff")
+    for vf in secret_files:
+        parts += ["-e", "@" + str(Path(vf).resolve())]
+    if vault_password_file is not None:
+        parts += ["--vault-password-file", str(Path(vault_password_file).resolve())]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+def run_playbook(
+    playbook: Path | str,
+    inventory_dir: Path | str,
+    *,
+    private_data_dir: Path | str,
+    limit: Iterable[str] | str | None = None,
+    tags: Iterable[str] | str | None = None,
+    check: bool = False,
+    diff: bool = False,
+    forks: int | None = None,
+    extravars: Mapping[str, Any] | None = None,
+    event_handler: EventHandler | None = None,
+    secret_files: Iterable[Path] = (),
+    vault_password_file: Path | None = None,
+    secrets: Iterable[str] = (),
+    state_dir: Path | str | None = None,
+    ident: str = "run",
+    roles_path: Path = ROLES_DIR,
+    timeout: int | None = None,
+) -> PlaybookResult:
+    """Run `playbook` against the inventory through ansible-runner and return the per-host outcome.
+
+    `secret_files` are handed to Ansible as `-e @file` (secrets files belong here; their values are registered
+    for redaction unless vault-encrypted); `secrets` adds values to redact. `extravars` must not hold a
+    secret: they end up on the command line. Artifacts go to `private_data_dir/artifacts/<ident>`.
+    `event_handler` sees each event (already redacted) as it arrives.
+    """
+    import ansible_runner
+
+    playbook = Path(playbook).resolve()
+    if not playbook.is_file():
+        raise UsageError(f"playbook {playbook} does not exist")
+    inventory = Path(inventory_dir).resolve()
+    if not inventory.exists():
+        raise UsageError(f"inventory {inventory} does not exist", hint="run `provision render` first")
+    pdd = Path(private_data_dir).resolve()
+    sdir = Path(state_dir).resolve() if state_dir is not None else pdd
+    secret_files = [Path(v) for v in secret_files]
+    secret_set: set[str] = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
+    for vf in secret_files:
+        secret_set |= read_secret_file(vf)
+    frozen = frozenset(secret_set)
+    for key, val in (extravars or {}).items():
+        if secret_values(val) & frozen:
+            raise UsageError(f"extra var '{key}' holds a secret",
+                             hint="put secrets in a vars file (or ansible-vault), never in extra vars")
+
+    n_forks = forks or DEFAULT_FORKS
+    pdd.mkdir(parents=True, exist_ok=True, mode=0o700)
+    (sdir / "facts").mkdir(parents=True, exist_ok=True)
+    cp_dir = control_path_dir(sdir)
+    cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    cfg = pdd / "ansible.cfg"
+    cfg.write_text(render_ansible_cfg(ansible_settings(sdir, forks=n_forks, roles_path=roles_path)),
+                   encoding="utf-8")
+    envvars = {
+        "ANSIBLE_CONFIG": str(cfg),
+        "ANSIBLE_HOST_KEY_CHECKING": "True",  # ansible-runner defaults it to False when unset
+        "ANSIBLE_ROLES_PATH": str(roles_path),
+        "ANSIBLE_FORCE_COLOR": "False",
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+    }
+
+    tally = HostTally()
+
+    def on_event(event: dict[str, Any]) -> bool:
+        if frozen:
+            clean = redact_obj(event, frozen)
+            event.clear()
+            event.update(clean)  # runner writes the dict we were handed: redact it before it hits disk
+        tally.feed(event)
+        if event_handler is not None:
+            event_handler(event)
+        return True
+
+    limit_s = limit if isinstance(limit, str) or limit is None else ",".join(limit)
+    tags_s = tags if isinstance(tags, str) or tags is None else ",".join(tags)
+    if limit_s == "":
+        raise UsageError("empty --limit: no host to run on")
+    cmdline = build_cmdline(check=check, diff=diff, secret_files=secret_files, vault_password_file=vault_password_file)
+    kwargs: dict[str, Any] = {
+        "private_data_dir": str(pdd),
+        "project_dir": str(playbook.parent),
+        "playbook": str(playbook),
+        "inventory": str(inventory),
+        "ident": ident,
+        "envvars": envvars,
+        "extravars": dict(extravars or {}),
+        "suppress_env_files": True,
+        "quiet": True,
+        "event_handler": on_event,
+        "fact_cache_type": "jsonfile",
+        "fact_cache": str(sdir / "facts"),  # absolute: runner joins it onto the artifact dir
+        "forks": n_forks,
+        "settings": {"suppress_ansible_output": True},
+    }
+    if limit_s:
+        kwargs["limit"] = limit_s
+    if tags_s:
+        kwargs["tags"] = tags_s
+    if cmdline:
+        kwargs["cmdline"] = cmdline
+    if timeout:
+        kwargs["timeout"] = timeout
+    try:
+        r = ansible_runner.run(**kwargs)
+    except Exception as exc:  # runner raises its own ConfigurationError/CallbackError and OSErrors
+        raise RunnerError(f"ansible-runner could not run {playbook.name}: {exc}") from exc
+    artifact_dir = Path(r.config.artifact_dir)
+    scrub_artifacts(artifact_dir, frozen)
+    error = None
+    if not tally.saw_stats and r.status != "successful":
+        error = _tail(artifact_dir / "stdout") or f"ansible-playbook ended {r.status} (rc {r.rc})"
+    return PlaybookResult(playbook=playbook.name, status=str(r.status), rc=int(r.rc if r.rc is not None else -1),
+                          hosts=tally.hosts, artifact_dir=artifact_dir, error=error)
+
+
+def _tail(path: Path, lines: int = 8) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(line for line in text.strip().splitlines()[-lines:])
+
+
+@dataclass
+class FakeRun:
+    """A scripted outcome for tests and dry runs: which hosts fail or are unreachable in a playbook."""
+
+    failed: dict[str, str] = field(default_factory=dict)
+    unreachable: dict[str, str] = field(default_factory=dict)
+
+
+def fake_result(playbook: str, hosts: Iterable[str], outcome: FakeRun) -> PlaybookResult:
+    """A `PlaybookResult` as `run_playbook` would build it for `hosts`, given a scripted outcome."""
+    statuses: dict[str, HostStatus] = {}
+    for h in hosts:
+        hs = HostStatus(h, ok=1)
+        if h in outcome.unreachable:
+            hs = HostStatus(h, unreachable=1, failed_task="Gathering Facts", message=outcome.unreachable[h])
+        elif h in outcome.failed:
+            hs = HostStatus(h, ok=1, failed=1, failed_task="scripted", message=outcome.failed[h])
+        statuses[h] = hs
+    bad = any(s.state != "ok" for s in statuses.values())
+    return PlaybookResult(playbook, "failed" if bad else "successful", 2 if bad else 0, statuses, None)

@@ -1,0 +1,120 @@
+"""The molecule scaffolding and the roles' interfaces, checked without containers (fast).
+
+The scenarios themselves run with ``scripts/molecule-all`` (root, podman); these tests catch the
+mistakes that would only show there: a platform missing from lab.yml, a mount that does not match
+what labprep writes, a role variable that the rendered inventory spells differently.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+
+from provisioner.errors import LabError
+from provisioner.spec.catalog import GPU_MODELS
+
+ROOT = Path(__file__).resolve().parents[2]
+SCENARIOS = sorted(p.parent for p in (ROOT / "molecule").glob("*/molecule.yml") if not p.parent.name.startswith("_"))
+MY_SCENARIOS = ["cuda", "nvidia_driver", "preflight", "vendor_repos"]
+
+
+def _labprep() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("labprep", ROOT / "molecule/_shared/labprep.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["labprep"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+labprep = _labprep()
+
+
+def _yaml(path: Path) -> Any:
+    return yaml.safe_load(path.read_text(encoding="utf-8"))
+
+
+def test_my_scenarios_exist() -> None:
+    assert {s.name for s in SCENARIOS} >= set(MY_SCENARIOS)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
+def test_every_platform_is_a_lab_node_with_its_mounts(scenario: Path) -> None:
+    plan = labprep.load_plan(scenario / "lab.yml")
+    molecule = _yaml(scenario / "molecule.yml")
+    hosts = {n.hostname for n in plan.nodes}
+    eph = Path("${MOLECULE_EPHEMERAL_DIRECTORY}")
+    for platform in molecule["platforms"]:
+        assert platform["name"] in hosts, f"{platform['name']} is not a node of {scenario.name}/lab.yml"
+        wanted = {f"{src}:{dest}" for dest, src in labprep.mount_sources(eph, platform["name"]).items()}
+        mounted = {v.rsplit(":", 1)[0] for v in platform.get("volumes", [])}
+        assert wanted <= mounted, f"{platform['name']} lacks {sorted(wanted - mounted)}"
+        assert platform["systemd"] == "always" and platform["command"] == "/sbin/init"
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
+def test_sequences_run_labprep_after_destroy_and_before_create(scenario: Path) -> None:
+    seq = _yaml(scenario / "molecule.yml")["scenario"]
+    for name in ("test_sequence", "converge_sequence", "create_sequence"):
+        steps = seq[name]
+        assert steps.index("dependency") < steps.index("create"), name
+        if "destroy" in steps:
+            assert steps.index("destroy") < steps.index("dependency"), name
+
+
+def test_parse_plan_rejects_typos_and_duplicates() -> None:
+    node = {"hostname": "n1", "gpu_count": 1}
+    with pytest.raises(LabError, match="unknown key"):
+        labprep.parse_plan({"cluster": "c", "nodes": [{**node, "gpus": 2}]})
+    with pytest.raises(LabError, match="listed twice"):
+        labprep.parse_plan({"cluster": "c", "nodes": [node, node]})
+    with pytest.raises(LabError, match="unknown key"):
+        labprep.parse_plan({"cluster": "c", "nodes": [node], "versions": [{"drivr": "550.90.07"}]})
+
+
+def test_parse_plan_keeps_versions_as_strings() -> None:
+    plan = labprep.parse_plan({"cluster": "c", "nodes": [{"hostname": "n1"}],
+                               "versions": [{}, {"driver": "550.127.05", "fabric_manager": False}]})
+    assert plan.versions[1].driver == "550.127.05"
+    assert plan.versions[1].fabric_manager is False
+    assert plan.versions[0].driver == "550.90.07"
+
+
+def test_prepare_writes_hardware_and_a_signed_repo(tmp_path: Path) -> None:
+    plan = labprep.parse_plan({"cluster": "c", "nodes": [
+        {"hostname": "n1", "gpu_count": 1, "hcas": [{"device": "mlx5_0"}]}]})
+    said: list[str] = []
+    labprep.prepare(plan, tmp_path, said.append)
+    assert (tmp_path / "lab/nodes/n1/node.json").is_file()
+    assert (tmp_path / "lab/nodes/n1/sys/class/infiniband/mlx5_0/ports/1/state").is_file()
+    assert (tmp_path / "vendor-repo/lab-vendor.gpg").stat().st_size > 0
+    assert (tmp_path / "vendor-repo/dists/bookworm/InRelease").is_file()
+    assert not list((tmp_path / "lab").glob("**/*.gnupg")), "the signing key must not be under the mounted lab dir"
+    assert len(said) == 2
+
+
+def test_preflight_gpu_names_follow_the_catalog() -> None:
+    names = _yaml(ROOT / "roles/preflight/vars/main.yml")["preflight_gpu_smi_names"]
+    assert names == {key: model.smi_name for key, model in GPU_MODELS.items()}
+
+
+GOLDEN = ROOT / "tests/golden/h100-ndr-8node"
+
+
+@pytest.mark.parametrize("role", ["vendor_repos", "preflight", "nvidia_driver", "cuda"])
+def test_role_options_use_the_rendered_inventory_names(role: str) -> None:
+    """Every rendered variable a role reads is declared in its argument spec under the same name."""
+    rendered = set(_yaml(GOLDEN / "group_vars/all.yml")) | set(_yaml(GOLDEN / "host_vars/gpu01.yml"))
+    options = set(_yaml(ROOT / f"roles/{role}/meta/argument_specs.yml")["argument_specs"]["main"]["options"])
+    extra = {"preflight": {"provisioner_os", "provisioner_expected_ports"}}.get(role, set())
+    wanted = {name for name in rendered if name.startswith(f"{role}_")} | (extra & rendered)
+    assert wanted, f"no rendered variable for {role}"
+    assert wanted <= options, f"{role} does not declare {sorted(wanted - options)}"
+    defaults = _yaml(ROOT / f"roles/{role}/defaults/main.yml") or {}
+    assert all(name.startswith(f"{role}_") for name in defaults), f"unprefixed default in {role}"

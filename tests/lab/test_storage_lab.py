@@ -1,0 +1,109 @@
+"""NFS-Ganesha served for real between two lab containers, configured by the nfs_server role.
+
+What this proves: the role's Ganesha configuration (EXPORT with FSAL VFS, Squash from the spec's options)
+makes a server that another machine reads and writes over NFSv4: a file written on the server is read with
+``nfs-cat`` (libnfs, user space) from the client, and a file written with ``nfs-cp`` lands on the server
+owned by root (no_root_squash honoured).
+
+What it cannot prove, and why: the lab kernel has no NFS client, no nfsd and no Lustre, so no kernel mount
+happens here: not the kernel NFS server (exportfs), not a client mount (mount.nfs, proto=rdma, nconnect), not
+NFS over RDMA (no HCA), not Lustre/LNet. Those are covered by the rendered units (molecule nfs_client,
+lustre_client: systemd-analyze verify) and by the verification logic on captured mount tables (unit tests).
+
+Needs root, podman, the lab image and the Debian mirror (nfs-ganesha, libnfs-utils). Run:
+``pytest -m lab tests/lab/test_storage_lab.py``. Uses its own PROVISIONER_LAB_DIR and removes only the two
+containers it created.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None, reason="needs root and podman"),
+]
+
+ROOT = Path(__file__).resolve().parents[2]
+SUFFIX = uuid.uuid4().hex[:6]
+SERVER = f"provstor-srv-{SUFFIX}"
+CLIENT = f"provstor-cli-{SUFFIX}"
+
+
+def _podman(*args: str, timeout: float = 300, check: bool = True) -> subprocess.CompletedProcess[str]:
+    from provisioner.lab.host import podman_env
+
+    return subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, check=check,
+                          env=podman_env())
+
+
+def _exec(name: str, script: str, timeout: float = 600) -> str:
+    done = _podman("exec", name, "sh", "-c", script, timeout=timeout, check=False)
+    assert done.returncode == 0, f"{name}: {script}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+@pytest.fixture(scope="module")
+def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
+    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("storlab")))
+    from provisioner.lab import image, network
+    from provisioner.lab.host import ensure_containers_conf
+    from provisioner.lab.names import NETWORK
+
+    os.environ["CONTAINERS_CONF"] = str(ensure_containers_conf())
+    image.ensure_image(lambda _m: None)
+    network.ensure_network()
+
+    def teardown() -> None:
+        for name in (SERVER, CLIENT):  # only the containers this module created
+            _podman("rm", "-f", "-t", "2", name, check=False)
+
+    request.addfinalizer(teardown)
+    common = ["run", "-d", "--systemd=always", f"--network={NETWORK}", "--label", "provisioner-storage-lab=1"]
+    _podman(*common, "--name", SERVER, "--hostname", SERVER, "--cap-add=DAC_READ_SEARCH",
+            "--tmpfs=/export/ganesha:rw,mode=0755", image.IMAGE, "/sbin/init")
+    _podman(*common, "--name", CLIENT, "--hostname", CLIENT, image.IMAGE, "/sbin/init")
+    for name in (SERVER, CLIENT):
+        _exec(name, "systemctl is-system-running --wait || true", timeout=120)
+    _exec(CLIENT, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnfs-utils "
+                  ">/dev/null")
+    yield SERVER, CLIENT
+
+
+def _apply_role(server: str, tmp: Path) -> subprocess.CompletedProcess[str]:
+    inventory = tmp / "inventory.yml"
+    inventory.write_text(
+        "all:\n  hosts:\n    " + server + ":\n      ansible_connection: containers.podman.podman\n"
+        "      ansible_python_interpreter: /usr/bin/python3\n"
+        "      nfs_server_ganesha_graceless: true\n"
+        "      nfs_server_exports:\n"
+        "        - {path: /export/ganesha, clients: 10.213.38.0/24, options: [rw, sync, no_root_squash],"
+        " implementation: ganesha}\n", encoding="utf-8")
+    play = tmp / "play.yml"
+    play.write_text("- hosts: all\n  gather_facts: false\n  roles: [nfs_server]\n", encoding="utf-8")
+    env = {**os.environ, "ANSIBLE_ROLES_PATH": str(ROOT / "roles"), "ANSIBLE_FORCE_COLOR": "0",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+    return subprocess.run(["ansible-playbook", "-i", str(inventory), str(play)], capture_output=True, text=True,
+                          timeout=900, env=env, check=False)
+
+
+def test_ganesha_export_is_read_and_written_from_another_container(pair: tuple[str, str], tmp_path: Path) -> None:
+    server, client = pair
+    done = _apply_role(server, tmp_path)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    token = f"written-on-{server}-{uuid.uuid4().hex}"
+    _exec(server, f"printf '%s\\n' {token} > /export/ganesha/hello.txt")
+    url = f"nfs://{server}/export/ganesha"
+    assert _exec(client, f"nfs-cat '{url}/hello.txt?version=4'") == token + "\n"
+    back = f"from-{client}-{uuid.uuid4().hex}"
+    _exec(client, f"printf '%s\\n' {back} > /tmp/back.txt && nfs-cp /tmp/back.txt '{url}/back.txt?version=4'")
+    assert _exec(server, "cat /export/ganesha/back.txt") == back + "\n"
+    assert _exec(server, "stat -c %u /export/ganesha/back.txt").strip() == "0"  # no_root_squash honoured

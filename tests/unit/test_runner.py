@@ -1,0 +1,239 @@
+"""run_playbook through the real ansible-runner, against local hosts (connection local) and a refused SSH port.
+
+One playbook run (module fixture) serves most tests: host alpha passes, beta fails a task, gamma is
+unreachable (SSH to 127.0.0.1 port 1, refused), and a planted secret from a vars file is printed by a
+`no_log` task and leaked by a plain debug task: the artifacts must not contain it anywhere.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.errors import UsageError
+from provisioner.runner import (
+    REDACTED,
+    PlaybookResult,
+    ansible_settings,
+    build_cmdline,
+    control_path_dir,
+    filter_env,
+    read_secret_file,
+    redact_obj,
+    redact_text,
+    run_playbook,
+    scrub_artifacts,
+    secret_values,
+    summarize_events,
+)
+
+SECRET = "Zq9-planted-SECRET-7781"
+
+INVENTORY = """\
+all:
+  vars:
+    ansible_python_interpreter: "{{ ansible_playbook_python }}"
+  hosts:
+    alpha: {ansible_connection: local}
+    beta: {ansible_connection: local}
+    gamma: {ansible_connection: ssh, ansible_host: 127.0.0.1, ansible_port: 1, ansible_user: nobody}
+"""
+
+PLAYBOOK = """\
+- name: Tiny play
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Reach the host
+      ansible.builtin.ping:
+    - name: Use the secret quietly
+      ansible.builtin.debug:
+        msg: "quiet {{ db_password }}"
+      no_log: true
+    - name: Leak the secret
+      ansible.builtin.debug:
+        msg: "leaked {{ db_password }}"
+    - name: Touch a marker
+      ansible.builtin.copy:
+        dest: "{{ marker_dir }}/{{ inventory_hostname }}"
+        content: "x"
+        mode: "0644"
+      tags: [marker]
+    - name: Break beta
+      ansible.builtin.fail:
+        msg: beta is broken on purpose
+      when: inventory_hostname == 'beta'
+"""
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("runner")
+    (d / "inventory.yml").write_text(INVENTORY)
+    (d / "site.yml").write_text(PLAYBOOK)
+    (d / "secrets.yml").write_text(f"db_password: {SECRET}\n")
+    (d / "markers").mkdir()
+    return d
+
+
+@pytest.fixture(scope="module")
+def run(workdir: Path) -> Iterator[tuple[PlaybookResult, list[dict[str, Any]]]]:
+    events: list[dict[str, Any]] = []
+    result = run_playbook(workdir / "site.yml", workdir / "inventory.yml", private_data_dir=workdir / "pdd",
+                          secret_files=[workdir / "secrets.yml"], extravars={"marker_dir": str(workdir / "markers")},
+                          event_handler=events.append, forks=3, state_dir=workdir / "state", ident="phase1")
+    yield result, events
+
+
+def test_host_summary(run: tuple[PlaybookResult, list[dict[str, Any]]]) -> None:
+    result, _ = run
+    assert result.ok_hosts == ["alpha"]
+    assert result.failed_hosts == ["beta"]
+    assert result.unreachable_hosts == ["gamma"]
+    assert result.status == "failed" and result.rc != 0 and result.error is None
+    beta = result.hosts["beta"]
+    assert beta.failed_task == "Break beta"
+    assert beta.message == "beta is broken on purpose"
+    assert "Break beta" in beta.reason
+    gamma = result.hosts["gamma"]
+    assert gamma.failed_task == "Reach the host"
+    assert "port 1" in (gamma.message or "") or "refused" in (gamma.message or "").lower()
+    assert result.hosts["alpha"].changed == 1  # the marker copy
+
+
+def test_events_reach_the_handler_redacted(run: tuple[PlaybookResult, list[dict[str, Any]]]) -> None:
+    _, events = run
+    kinds = {e.get("event") for e in events}
+    assert {"playbook_on_start", "runner_on_ok", "runner_on_failed", "runner_on_unreachable",
+            "playbook_on_stats"} <= kinds
+    leak = [e for e in events if e.get("event") == "runner_on_ok"
+            and e["event_data"].get("task") == "Leak the secret"]
+    assert leak and all(e["event_data"]["res"]["msg"] == f"leaked {REDACTED}" for e in leak)
+    assert SECRET not in json.dumps(events)
+
+
+def test_no_artifact_holds_the_secret(run: tuple[PlaybookResult, list[dict[str, Any]]]) -> None:
+    result, _ = run
+    assert result.artifact_dir is not None and result.artifact_dir.name == "phase1"
+    files = [p for p in result.artifact_dir.parent.parent.rglob("*") if p.is_file()]
+    assert any(p.name == "stdout" for p in files) and any("job_events" in p.parts for p in files)
+    leaking = [p for p in files if SECRET.encode() in p.read_bytes()]
+    assert leaking == []
+    stdout = (result.artifact_dir / "stdout").read_text()
+    assert f"leaked {REDACTED}" in stdout  # the leak happened and was scrubbed, not skipped
+    assert not (result.artifact_dir.parent.parent / "env").exists()  # suppress_env_files
+
+
+def test_recorded_command_has_paths_not_values(run: tuple[PlaybookResult, list[dict[str, Any]]],
+                                               workdir: Path) -> None:
+    result, _ = run
+    assert result.artifact_dir is not None
+    doc = json.loads((result.artifact_dir / "command").read_text())
+    assert f"@{workdir / 'secrets.yml'}" in doc["command"]
+    assert doc["env"]["ANSIBLE_HOST_KEY_CHECKING"] == "True"
+    assert doc["env"]["ANSIBLE_CACHE_PLUGIN_CONNECTION"] == str((workdir / "state" / "facts").resolve())
+    assert all(k.startswith(("ANSIBLE_", "AWX_", "RUNNER_")) or k in {"PATH", "HOME", "LANG", "LC_ALL", "USER",
+               "PYTHONPATH", "VIRTUAL_ENV", "SHELL", "TERM"} for k in doc["env"])
+    cfg = (result.artifact_dir.parent.parent / "ansible.cfg").read_text()
+    assert "pipelining = True" in cfg and "ControlPersist=60s" in cfg and "host_key_checking = True" in cfg
+
+
+def test_tags_and_check_mode(workdir: Path) -> None:
+    out = workdir / "markers2"
+    out.mkdir()
+    result = run_playbook(workdir / "site.yml", workdir / "inventory.yml", private_data_dir=workdir / "pdd2",
+                          secret_files=[workdir / "secrets.yml"], extravars={"marker_dir": str(out)}, tags=["marker"],
+                          limit=["alpha"], check=True, diff=True, state_dir=workdir / "state")
+    assert list(result.hosts) == ["alpha"] and result.ok_hosts == ["alpha"]
+    assert result.hosts["alpha"].changed == 1  # check mode reports the change ...
+    assert list(out.iterdir()) == []             # ... without making it
+    assert result.artifact_dir is not None
+    cmd = json.loads((result.artifact_dir / "command").read_text())["command"]
+    assert "--check" in cmd and "--diff" in cmd and "marker" in cmd and "alpha" in cmd
+
+
+def test_a_playbook_that_cannot_run_is_an_error(workdir: Path) -> None:
+    bad = workdir / "bad.yml"
+    bad.write_text("- hosts: all\n  tasks:\n    - name: x\n      no_such_module_here: {}\n")
+    result = run_playbook(bad, workdir / "inventory.yml", private_data_dir=workdir / "pdd3", limit="alpha")
+    assert result.hosts == {} and result.error
+    assert result.status == "failed"
+
+
+def test_secret_in_extravars_is_refused(workdir: Path) -> None:
+    with pytest.raises(UsageError, match="holds a secret"):
+        run_playbook(workdir / "site.yml", workdir / "inventory.yml", private_data_dir=workdir / "pdd4",
+                     secret_files=[workdir / "secrets.yml"], extravars={"oops": SECRET})
+
+
+def test_missing_playbook_and_inventory(workdir: Path) -> None:
+    with pytest.raises(UsageError, match="does not exist"):
+        run_playbook(workdir / "nope.yml", workdir / "inventory.yml", private_data_dir=workdir / "x")
+    with pytest.raises(UsageError, match="render"):
+        run_playbook(workdir / "site.yml", workdir / "noinv", private_data_dir=workdir / "x")
+
+
+# --- pure parts ------------------------------------------------------------------------------------------
+
+def test_summarize_ignored_errors_do_not_fail() -> None:
+    events = [
+        {"event": "runner_on_failed", "event_data": {"host": "a", "task": "t", "ignore_errors": True,
+                                                     "res": {"msg": "meh"}}},
+        {"event": "runner_on_ok", "event_data": {"host": "a", "task": "u", "res": {"changed": True}}},
+    ]
+    hosts = summarize_events(events)
+    assert hosts["a"].state == "ok" and hosts["a"].ignored == 1 and hosts["a"].changed == 1
+
+
+def test_summarize_loop_failure_message() -> None:
+    events = [{"event": "runner_on_failed", "event_data": {"host": "a", "task": "loop", "res": {
+        "msg": "One or more items failed", "results": [
+            {"failed": False}, {"failed": True, "msg": "item two broke\nsecond line"},
+            {"failed": True, "msg": "item three broke"}]}}}]
+    assert summarize_events(events)["a"].message == "item two broke (and 1 more item(s))"
+
+
+def test_redaction_covers_escaped_forms() -> None:
+    s = 'pa"ss\\word'
+    text = json.dumps({"m": f"x {s} y"}) + " raw " + s
+    out = redact_text(text, [s])
+    assert s not in out and json.dumps(s)[1:-1] not in out and out.count(REDACTED) == 2
+    assert redact_text("abc", ["ab"]) == "abc"  # too short to scrub safely
+    assert redact_obj({"k": ["has sekret1 in it"], "sekret1": 1}, frozenset({"sekret1"})) == {
+        "k": [f"has {REDACTED} in it"], REDACTED: 1}
+
+
+def test_secret_values_and_files(tmp_path: Path) -> None:
+    assert secret_values({"a": "longsecret", "b": ["another1", {"c": 123456}], "d": True, "e": None}) == {
+        "longsecret", "another1", "123456"}
+    vault = tmp_path / "vault.yml"
+    vault.write_text("$ANSIBLE_VAULT;1.1;AES256\n3530\n")
+    assert read_secret_file(vault) == set()
+    with pytest.raises(UsageError):
+        read_secret_file(tmp_path / "missing.yml")
+
+
+def test_scrub_artifacts_filters_env(tmp_path: Path) -> None:
+    (tmp_path / "command").write_text(json.dumps({"command": ["x"], "env": {
+        "AWS_SECRET_ACCESS_KEY": "abcd1234", "ANSIBLE_FORKS": "5", "PATH": "/bin"}}))
+    (tmp_path / "stdout").write_text("token hunter2hunter2 here")
+    changed = scrub_artifacts(tmp_path, ["hunter2hunter2"])
+    assert {p.name for p in changed} == {"command", "stdout"}
+    assert json.loads((tmp_path / "command").read_text())["env"] == {"ANSIBLE_FORKS": "5", "PATH": "/bin"}
+    assert (tmp_path / "stdout").read_text() == f"token {REDACTED} here"
+    assert filter_env({"GITHUB_TOKEN": "x", "ANSIBLE_X": "y"}) == {"ANSIBLE_X": "y"}
+
+
+def test_settings_and_cmdline(tmp_path: Path) -> None:
+    s = ansible_settings(tmp_path, forks=7)
+    assert s["defaults"]["forks"] == "7" and s["defaults"]["host_key_checking"] == "True"
+    assert s["defaults"]["fact_caching_connection"] == str(tmp_path.resolve() / "facts")
+    assert "ControlMaster=auto" in s["ssh_connection"]["ssh_args"]
+    assert build_cmdline(check=True, diff=False, secret_files=[Path("/v/s.yml")], vault_password_file=None) == \
+        "--check -e @/v/s.yml"
+    deep = tmp_path / ("d" * 90)
+    assert control_path_dir(deep) == Path.home() / ".ansible" / "cp"
