@@ -63,6 +63,10 @@ cat > /root/.ssh/.authorized_keys.tmp
 mv /root/.ssh/.authorized_keys.tmp /root/.ssh/authorized_keys
 umask 022
 mkdir -p /dev/infiniband
+# the containers share the host's kernel, which has no Debian headers: give it stand-in headers, as
+# linux-headers-$(uname -r) would (a lab fault can remove them to rehearse the missing-headers failure)
+kb=/lib/modules/$(uname -r)/build
+[ -e "$kb/Makefile" ] || { mkdir -p "$kb" && echo "# provisioner lab stand-in for linux-headers-$(uname -r)" > "$kb/Makefile"; }
 i=0
 while [ "$i" -lt "$1" ]; do [ -e /dev/infiniband/umad$i ] || : > /dev/infiniband/umad$i; i=$((i + 1)); done
 n=0
