@@ -393,6 +393,21 @@ def _ofed_component_version(v: VendorVersions) -> str:
     return f"{short}.OFED.{v.ofed.replace('-', '.')}-1"
 
 
+OPENIBD_UNIT = """[Unit]
+Description=openibd - configure Mellanox devices (lab stand-in)
+DefaultDependencies=false
+After=local-fs.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/bin/true
+
+[Install]
+WantedBy=sysinit.target
+"""
+
+
 def ofed_recipes(v: VendorVersions) -> list[PackageRecipe]:
     """DOCA-OFED (``doca-ofed``) or MLNX_OFED (``mlnx-ofed-basic``/``-all``) stand-ins."""
     comp = _ofed_component_version(v)
@@ -447,6 +462,8 @@ WantedBy=multi-user.target
             "Userspace tools to restart OFED kernel modules, lab stand-in",
             "utils",
             depends=(f"mlnx-ofed-kernel-dkms (= {comp})",),
+            # the real package ships openibd (loads the OFED stack at boot); the stand-in loads nothing
+            files=(_text("/lib/systemd/system/openibd.service", OPENIBD_UNIT),),
         ),
         PackageRecipe(
             "mlnx-ofed-kernel-dkms",
