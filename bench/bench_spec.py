@@ -26,8 +26,6 @@ def make_spec(n: int) -> str:
         for r in range(8):
             cab.append(f'      - {{nodes: "gpu[{lo:04d}-{hi:04d}]", hca: mlx5_{r}, switch: leaf{pod * 8 + r + 1:04d}, '
                        f"ports: 1-{hi - lo + 1}}}")
-    third = [f"10.{64 + i // 250}.{i % 250}.1" for i in range(0)]
-    del third
     return f"""cluster: {{name: big, os: ubuntu-22.04}}
 software:
   driver: {{version: "550.90.07"}}

@@ -13,15 +13,14 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from provisioner.fabric.findings import Finding, Severity
+from provisioner.spec.catalog import IB_SPEEDS, WIDTHS
 from provisioner.spec.cluster import Node, Port
 
 CHECK = "links"
 
-#: Data rate per lane in Gb/s, as ibstat's ``Rate`` is computed (FDR 14, EDR 25, HDR 50, NDR 100, XDR 200).
-LANE_GBPS: dict[str, float] = {
-    "SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR": 14.0, "EDR": 25.0, "HDR": 50.0, "NDR": 100.0, "XDR": 200.0,
-}
-WIDTH_LANES = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
+#: Data rate per lane and lanes per width: the catalog's tables (FDR 14, EDR 25, HDR 50, NDR 100, XDR 200).
+LANE_GBPS: dict[str, float] = {k: v for k, v in IB_SPEEDS.items() if k != "FDR10"}
+WIDTH_LANES = WIDTHS
 
 
 def _speed_name(lane: float) -> str | None:

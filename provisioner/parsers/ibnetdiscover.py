@@ -18,19 +18,10 @@ from typing import Any
 
 from provisioner.errors import ParseError
 from provisioner.parsers._common import norm_guid, require_text
+from provisioner.spec.catalog import IB_SPEEDS
 
 #: Per-lane data rate (Gb/s) of each speed name, for the nominal link rate.
-_LANE_GBPS = {
-    "SDR": 2.5,
-    "DDR": 5.0,
-    "QDR": 10.0,
-    "FDR10": 10.0,
-    "FDR": 14.0,
-    "EDR": 25.0,
-    "HDR": 50.0,
-    "NDR": 100.0,
-    "XDR": 200.0,
-}
+_LANE_GBPS = IB_SPEEDS
 
 _NODE_RE = re.compile(
     r'^\s*(?P<kind>Switch|Ca|Rt)\s+(?P<nports>\d+)\s+"(?P<type>[SHR])-(?:0x)?(?P<guid>[0-9a-fA-F]+)"'

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.rules import members
 
@@ -217,7 +216,3 @@ def build_inventory(cluster: Cluster) -> Inventory:
     inv.groups = dict(sorted(inv.groups.items()))
     return inv
 
-
-def host_pattern(expr: str) -> list[str]:
-    """Expand a --limit style hostlist (used by the CLI)."""
-    return hostlist.expand(expr)

@@ -37,9 +37,9 @@ GPU_MODELS: dict[str, GpuModel] = {
     )
 }
 
-# InfiniBand generation names to the per-lane signalling rate (Gb/s, data rate as ibstat reports it).
+# InfiniBand generation names to the per-lane data rate in Gb/s, as ibstat's Rate is computed (4X FDR = 56).
 IB_SPEEDS: dict[str, float] = {
-    "SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0625, "EDR": 25.0,
+    "SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,
     "HDR": 50.0, "NDR": 100.0, "XDR": 200.0,
 }
 # Usual 4X port rates by name, as operators say them (HDR100 is a 2X HDR port).
@@ -50,13 +50,3 @@ RATE_NAMES: dict[str, int] = {
 WIDTHS: dict[str, int] = {"1X": 1, "2X": 2, "4X": 4, "8X": 8, "12X": 12}
 ETHERNET_RATES = (10, 25, 40, 50, 100, 200, 400, 800)
 
-
-def speed_for(rate_gbps: float, width: str) -> str | None:
-    """The IB generation whose lanes make `rate_gbps` at `width`, if any (400 at 4X → NDR)."""
-    lanes = WIDTHS[width]
-    for name, lane in IB_SPEEDS.items():
-        if name == "FDR10":
-            continue
-        if abs(lane * lanes - rate_gbps) < 0.6 or (name == "FDR" and abs(56 * lanes / 4 - rate_gbps) < 0.6):
-            return name
-    return None

@@ -7,10 +7,12 @@ design rules (provisioner.spec.rules). Only a file that cannot be read at all is
 
 from __future__ import annotations
 
+import copy
 import difflib
+import re
 import types
 import typing
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
 
@@ -190,8 +192,7 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                         f"{p.device} serves GPU {p.gpu} but profile '{pname}' has {prof.gpu.count} GPUs",
                         "GPU indexes start at 0")
         if prof.gpu and prof.gpu.model not in GPU_MODELS:
-            import difflib as _d
-            close = _d.get_close_matches(prof.gpu.model, list(GPU_MODELS), n=1, cutoff=0.5)
+            close = difflib.get_close_matches(prof.gpu.model, list(GPU_MODELS), n=1, cutoff=0.5)
             rep.add(("profiles", pname, "gpu", "model"), "SPEC-GPU-MODEL",
                     f"unknown GPU model '{prof.gpu.model}'",
                     f"did you mean '{close[0]}'?" if close else f"known: {', '.join(GPU_MODELS)}")
@@ -343,8 +344,6 @@ def _line(rep: _Report, path: Path) -> int:
 
 
 def _valid_hostname(name: str) -> bool:
-    import re
-
     return re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name) is not None
 
 
@@ -435,8 +434,6 @@ class _RemappedReport(_Report):
 def _expand_and_check(spec: Spec, rep: _Report, addresses: dict[str, str]) -> Cluster:
     cluster = _expand(spec, rep)
     if addresses:
-        from dataclasses import replace
-
         cluster.nodes = [replace(n, address=addresses.get(n.name, n.address)) for n in cluster.nodes]
     from provisioner.spec.rules import run_rules
 
@@ -449,8 +446,6 @@ def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tupl
 
     None when a broken part is required and has no default: then only the schema errors are reported.
     """
-    import copy
-
     doc = copy.deepcopy(data)
     removals: list[tuple[str | int, ...]] = []
     for err in exc.errors():

@@ -9,16 +9,13 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS
 from provisioner.spec.cluster import Cluster
 from provisioner.spec.diagnostics import Severity
 from provisioner.spec.yamlload import Path
-
-if TYPE_CHECKING:
-    pass
 
 
 class Reporter(Protocol):
@@ -73,7 +70,6 @@ def _rail_per_gpu(c: Cluster, rep: Reporter, r: Rule) -> None:
         if not prof.gpu or prof.gpu.count < 4:
             continue
         used = any(n.profile == pname and "compute" in n.roles for n in c.nodes)
-        rails = [p for n in c.nodes if n.profile == pname for p in n.rail_ports][: len(prof.hcas) * 64]
         node = next((n for n in c.nodes if n.profile == pname), None)
         if not used or node is None:
             continue
