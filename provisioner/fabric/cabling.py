@@ -1,4 +1,6 @@
-"""Cabling: where each node port lands on the switches (live ``iblinkinfo``) against ``fabric.topology.cabling``.
+"""Cabling: where each node port lands on the switches (live ``iblinkinfo`` or ``ibnetdiscover``) against the spec.
+
+The spec's side is ``fabric.topology.cabling``. Either tool's parsed output is accepted (``tool`` says which).
 
 Findings are written as technician actions ("gpu017 mlx5_3: expected leaf04 port 17, found leaf04 port 18")
 because the person who fixes them stands in front of a rack with a cable in hand.
@@ -43,6 +45,8 @@ def _descriptions(cluster: Cluster) -> dict[str, tuple[str, str]]:
 def live_map(cluster: Cluster, iblinkinfo: Mapping[str, Any]) -> dict[tuple[str, str], tuple[str, int] | None]:
     """``{(node, device): (switch description, switch port) or None when the port has no live link}``."""
     names = _descriptions(cluster)
+    if iblinkinfo.get("tool") == "ibnetdiscover":
+        return _live_map_ibnetdiscover(names, iblinkinfo)
     found: dict[tuple[str, str], tuple[str, int] | None] = {}
     for link in iblinkinfo.get("links", []):
         ca = names.get(str(link.get("switch")))
@@ -58,12 +62,38 @@ def live_map(cluster: Cluster, iblinkinfo: Mapping[str, Any]) -> dict[tuple[str,
     return found
 
 
+def _live_map_ibnetdiscover(
+    names: Mapping[str, tuple[str, str]], topo: Mapping[str, Any]
+) -> dict[tuple[str, str], tuple[str, int] | None]:
+    """The same map from ``ibnetdiscover``: a CA it found with no link maps to None; one it did not find is absent.
+
+    ibnetdiscover prints no line for a port without a link, and cannot reach a CA whose only port is
+    down at all, so "not in the fabric" is the usual verdict for an unplugged single-port HCA.
+    """
+    switches = {str(s.get("guid")): str(s.get("name")) for s in topo.get("switches", [])}
+    found: dict[tuple[str, str], tuple[str, int] | None] = {}
+    for ca in topo.get("cas", []):
+        key = names.get(str(ca.get("name")))
+        if key is not None:
+            found.setdefault(key, None)
+    for link in topo.get("links", []):
+        for mine, other in (("from", "to"), ("to", "from")):
+            key = names.get(str(link.get(f"{mine}_name")))
+            switch = switches.get(str(link.get(f"{other}_guid")))
+            if key is not None and switch is not None and link.get(f"{other}_port") is not None:
+                found[key] = (switch, int(link[f"{other}_port"]))
+    return found
+
+
 def _spec_switch(description: str, switches: Sequence[str]) -> str:
     return next((s for s in switches if switch_matches(s, description)), description)
 
 
 def cabling_findings(cluster: Cluster, iblinkinfo: Mapping[str, Any]) -> list[Finding]:
-    """One error per spec cable that is missing or lands elsewhere, phrased as what to do at the rack."""
+    """One error per spec cable that is missing or lands elsewhere, phrased as what to do at the rack.
+
+    ``iblinkinfo`` is the parsed output of ``iblinkinfo`` or of ``ibnetdiscover`` (see :func:`live_map`).
+    """
     live = live_map(cluster, iblinkinfo)
     switches = [s.name for s in cluster.switches]
     ports = {(n.name, p.device): p for n in cluster.nodes for p in n.ports}

@@ -14,10 +14,15 @@ the container commands to run, so it is unit-tested without podman.
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
-from provisioner.errors import LabError
+import yaml
+
+from provisioner.errors import LabError, UsageError
 from provisioner.lab import hardware
 from provisioner.lab.names import container_name
 from provisioner.lab.simtools import labstate
@@ -31,6 +36,9 @@ FABRIC_FAULTS = ("cables_swapped",)
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS
 
 _PORT_FIELDS = ("state", "phys_state", "lid", "sm_lid", "width", "speed", "rate_gbps", "bw_factor", "flapping")
+FLAP_ON_INJECT = {"link_downed": 1, "link_error_recovery": 1, "symbol_error": 12}
+"""What a port that has started to flap shows in its counters when the fault is injected: it went down
+and came back once. Every traffic run over it adds more (``fabsim_common.flap_counters``)."""
 HIDDEN_SUFFIX = ".lab-hidden"
 DEFAULT_SM_UNIT = "opensmd"
 """The unit of NVIDIA's opensm package (DOCA/MLNX_OFED), which the lab's stand-in installs."""
@@ -100,6 +108,8 @@ def apply_fault(
         record["saved"] = {k: hca.get(k) for k in _PORT_FIELDS}
         record["set"] = edit
         hca.update(edit)
+        if kind == "flapping":
+            labstate.add_counters(hca, FLAP_ON_INJECT)  # not in "saved": clearing the fault keeps the counts
     elif kind == "gpu_missing":
         gpus = node.get("gpus", [])
         if not gpus:
@@ -253,6 +263,23 @@ def clear(root: str, host: str, kind: str | None = None, *, runner: Runner | Non
     return cleared
 
 
+def reset_counters(root: str, host: str, device: str | None = None, port: int | None = None) -> int:
+    """Zero the port counters of ``host`` (one port, one device or all), as ``perfquery -R`` does on a node.
+
+    Clearing a fault leaves the counts it caused (a replaced cable does not reset the HCA's counters);
+    an operator clears them after the fix, and so does a test before the next one. Returns the number of
+    ports reset.
+    """
+    with labstate.node_lock(root, host):
+        node = labstate.load_node(root, host)
+        ports = [h for h in node.get("hcas", []) if (device is None or h.get("device") == device)
+                 and (port is None or int(h.get("port", 1)) == port)]
+        for hca in ports:
+            hca["counters"] = dict.fromkeys(labstate.PORT_COUNTERS, 0)
+        labstate.save_node(root, node)
+    return len(ports)
+
+
 def list_faults(root: str, host: str) -> list[dict[str, Any]]:
     """The faults recorded for ``host`` (without the saved values)."""
     node = labstate.load_node(root, host)
@@ -264,3 +291,169 @@ def _load_fabric(root: str) -> dict[str, Any] | None:
         return labstate.load_fabric(root)
     except FileNotFoundError:
         return None
+
+
+# ---------------------------------------------------------------- fault lists (``--faults FILE`` / ``--file FILE``)
+
+_DEVICE_RE = re.compile(r"^[A-Za-z0-9_]{1,32}$")
+_HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
+_MODULE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_UNIT_RE = re.compile(r"^[A-Za-z0-9@._-]{1,128}$")
+_PORT_PARAMS = {"device": "device", "port": "int"}
+PARAMS: dict[str, dict[str, str]] = {
+    "port_down": _PORT_PARAMS,
+    "port_disabled": _PORT_PARAMS,
+    "flapping": _PORT_PARAMS,
+    "degraded_width": {**_PORT_PARAMS, "width": "width"},
+    "degraded_rate": {**_PORT_PARAMS, "speed": "speed"},
+    "slow_link": {**_PORT_PARAMS, "bw_factor": "factor"},
+    "gpu_missing": {"index": "int"},
+    "peermem_missing": {"module": "module"},
+    "unreachable": {"method": "method"},
+    "sm_killed": {"unit": "unit"},
+    "hardware_swap": {},
+    "cables_swapped": {**_PORT_PARAMS, "other_host": "host", "other_device": "device", "other_port": "int"},
+}
+"""The parameters each fault kind takes, and the kind of value each one is (see :func:`check_params`)."""
+_REQUIRED = {"device": {k for k, v in PARAMS.items() if "device" in v}}
+
+
+@dataclass(frozen=True)
+class FaultEntry:
+    """One entry of a fault list: which node, which fault, its parameters, and where it was written."""
+
+    node: str
+    kind: str
+    params: dict[str, Any]
+    where: str
+    """``FILE: faults[i] (line n)``, for error messages."""
+
+
+def _value(kind: str, value: object) -> object:
+    """``value`` converted to what a parameter of this value kind holds; ValueError when it cannot be."""
+    if kind == "int":
+        if isinstance(value, bool) or not isinstance(value, int | str) or not str(value).isdigit():
+            raise ValueError("a whole number")
+        return int(value)
+    if kind == "factor":
+        number = float(value) if isinstance(value, int | float | str) and not isinstance(value, bool) else -1.0
+        if not 0 < number <= 1:
+            raise ValueError("a number in (0, 1]")
+        return number
+    choices: dict[str, tuple[str, ...]] = {
+        "width": tuple(labstate.WIDTH_LANES), "speed": tuple(labstate.LANE_GBPS), "method": ("pause", "sshd")}
+    if kind in choices:
+        if str(value) not in choices[kind]:
+            raise ValueError("one of " + ", ".join(choices[kind]))
+        return str(value)
+    pattern = {"device": _DEVICE_RE, "host": _HOST_RE, "module": _MODULE_RE, "unit": _UNIT_RE}[kind]
+    if not isinstance(value, str) or not pattern.match(value):
+        raise ValueError(f"a name matching {pattern.pattern}")
+    return value
+
+
+def check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The parameters of one fault, checked and typed; LabError naming the first bad one.
+
+    Every value that can reach a command line inside a node (module, unit) is checked against a strict
+    pattern here, before anything runs.
+    """
+    if kind not in PARAMS:
+        raise LabError(f"unknown fault kind {kind!r}", hint=f"one of: {', '.join(FAULT_KINDS)}")
+    allowed = PARAMS[kind]
+    out: dict[str, Any] = {}
+    for key, value in params.items():
+        if key not in allowed:
+            known = ", ".join(allowed) or "none"
+            raise LabError(f"{kind} takes no parameter {key!r}", hint=f"its parameters: {known}")
+        try:
+            out[key] = _value(allowed[key], value)
+        except ValueError as exc:
+            raise LabError(f"{kind} parameter {key}={value!r} is not {exc}") from None
+    missing = [p for p, kinds in _REQUIRED.items() if kind in kinds and p not in out]
+    if kind == "cables_swapped":
+        missing += [p for p in ("other_host", "other_device") if p not in out]
+    if missing:
+        raise LabError(f"{kind} needs {', '.join(missing)}")
+    return out
+
+
+def _yaml_entries(path: Path) -> list[tuple[int, object]]:
+    """(line, value) of every item of the file's fault list: a bare YAML list or a mapping's ``faults:``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        root = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"{path}: cannot read the fault list ({exc.__class__.__name__}: {exc})") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        at = f" at line {mark.line + 1}" if mark is not None else ""
+        raise UsageError(f"{path}: not valid YAML{at}: {getattr(exc, 'problem', exc)}") from None
+    node, items = root, data
+    if isinstance(root, yaml.MappingNode) and isinstance(data, dict):
+        if "faults" not in data:
+            raise UsageError(f"{path}: no 'faults:' list", hint="write faults: [{node: gpu01, kind: port_down, ...}]")
+        node = next(v for k, v in root.value if k.value == "faults")
+        items = data["faults"]
+    if not isinstance(node, yaml.SequenceNode) or not isinstance(items, list):
+        raise UsageError(f"{path}: the fault list must be a YAML list of {{node, kind, <params>}} entries")
+    return [(item.start_mark.line + 1, value) for item, value in zip(node.value, items, strict=True)]
+
+
+def load_fault_list(path: Path, devices: dict[str, set[str]]) -> list[FaultEntry]:
+    """Read and check a fault list against the lab's nodes (host -> its HCA devices); one-line UsageError.
+
+    Nothing is applied here: every entry is checked first (kind, node, parameter names and values,
+    devices that exist on that node), and the first problem is reported with the file, the entry's
+    index and its line.
+    """
+    entries: list[FaultEntry] = []
+    for index, (line, raw) in enumerate(_yaml_entries(path)):
+        where = f"{path}: faults[{index}] (line {line})"
+        if not isinstance(raw, dict):
+            raise UsageError(f"{where}: an entry must be a mapping {{node, kind, <params>}}")
+        params = {str(k): v for k, v in raw.items() if k not in ("node", "kind")}
+        node, kind = raw.get("node"), raw.get("kind")
+        if not isinstance(node, str) or not isinstance(kind, str):
+            raise UsageError(f"{where}: an entry needs node: and kind:")
+        if node not in devices:
+            raise UsageError(f"{where}: unknown node {node!r}", hint=f"lab nodes: {', '.join(sorted(devices))}")
+        try:
+            checked = check_params(kind, params)
+        except LabError as exc:
+            raise UsageError(f"{where}: {exc}") from None
+        for key, host in (("device", node), ("other_device", checked.get("other_host", node))):
+            if key in checked and checked[key] not in devices.get(str(host), set()):
+                raise UsageError(f"{where}: {host} has no HCA {checked[key]!r}",
+                                 hint=f"its HCAs: {', '.join(sorted(devices.get(str(host), set()))) or 'none'}")
+        if "other_host" in checked and checked["other_host"] not in devices:
+            raise UsageError(f"{where}: unknown node {checked['other_host']!r}")
+        entries.append(FaultEntry(node, kind, checked, where))
+    return entries
+
+
+def lab_devices(root: str) -> dict[str, set[str]]:
+    """Host -> HCA devices of the running lab at ``root`` (from node.json)."""
+    base = Path(root) / "nodes"
+    hosts = sorted(p.name for p in base.iterdir() if (p / labstate.NODE_FILE).is_file()) if base.is_dir() else []
+    return {h: {str(x["device"]) for x in labstate.load_node(root, h).get("hcas", [])} for h in hosts}
+
+
+def rehearse(root: str, entries: list[FaultEntry]) -> None:
+    """Apply the whole list to copies of the lab state, so a conflict (a fault injected twice, a cable that
+    is not there) is reported before anything changes; UsageError naming the entry."""
+    nodes: dict[str, dict[str, Any]] = {}
+    fabric = copy.deepcopy(_load_fabric(root))
+    for entry in entries:
+        node = nodes.setdefault(entry.node, copy.deepcopy(labstate.load_node(root, entry.node)))
+        try:
+            apply_fault(node, entry.kind, dict(entry.params), fabric)
+        except LabError as exc:
+            raise UsageError(f"{entry.where}: {exc}") from None
+
+
+def apply_fault_list(root: str, entries: list[FaultEntry], *, runner: Runner | None = None) -> list[dict[str, Any]]:
+    """Rehearse the list, then inject each fault in order; return the records."""
+    rehearse(root, entries)
+    return [inject(root, e.node, e.kind, runner=runner, **e.params) for e in entries]

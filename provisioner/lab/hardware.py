@@ -193,6 +193,7 @@ def hca_record(cluster: str, host: str, hca: LabHca, index: int, generation: int
         "sm_lid": 0,
         "bw_factor": 1.0,
         "flapping": False,
+        "counters": dict.fromkeys(labstate.PORT_COUNTERS, 0),  # sysfs ports/N/counters: a clean port
     }
 
 
@@ -216,7 +217,8 @@ def node_state(cluster: str, spec: LabNodeSpec, generation: int = 0,
 def regenerate_identity(node: dict[str, Any], generation: int, taken: set[str]) -> None:
     """Give ``node`` the GUIDs, UUIDs and serials of a new board (hardware swap), in place.
 
-    Port state, rates and injected faults are kept: only identities change.
+    Port state, rates and injected faults are kept: only identities change (and the port counters,
+    which live on the board, start again from zero).
     """
     cluster, host = str(node["cluster"]), str(node["hostname"])
     pool = _GuidPool(set(taken))
@@ -225,6 +227,7 @@ def regenerate_identity(node: dict[str, Any], generation: int, taken: set[str]) 
         hca["node_guid"] = hca["sys_image_guid"] = guid
         port = int(hca["port"])
         hca["port_guid"] = guid if port == 1 else pool.derive(cluster, host, hca["device"], port, generation)
+        hca["counters"] = dict.fromkeys(labstate.PORT_COUNTERS, 0)  # a new board starts counting from zero
     for gpu in node["gpus"]:
         digest = _digest(cluster, host, "gpu", gpu["index"], generation)
         gpu["uuid"] = f"GPU-{uuid.UUID(bytes=digest[:16])}"

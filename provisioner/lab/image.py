@@ -58,7 +58,7 @@ LAB_LIB_DIR = "/usr/lib/provisioner-lab"
 SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod")
 LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_perftest.py", "fabsim_nccl.py", "fabsim_sm.py")
 """Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
-MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo")
+MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover")
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -5,6 +5,8 @@ The output is one block per node: ``vendid=``/``devid=``/``*guid=`` lines, a nod
 ``Ca  2 "H-<guid>"  # "<description>"``) and one line per connected port. Switch port lines
 read ``[port]  "H-<peer guid>"[peer port](peer port guid)  # "<peer description>" lid N 4xEDR``;
 CA port lines put their own port GUID after the port and the local LID/LMC in the comment.
+Each node record lists ``ports``: the port numbers printed under it, i.e. the ports with a live
+link (ibnetdiscover prints no line for a port that is down), next to ``num_ports`` (all ports).
 
 Every physical link is printed twice (once from each end), so links are reported once,
 keyed on the unordered pair of (node GUID, port). The trailing ``4xEDR`` is the *active*
@@ -50,6 +52,7 @@ def _node_record(m: re.Match[str]) -> dict[str, Any]:
         "guid": norm_guid(m.group("guid")),
         "name": m.group("desc"),
         "num_ports": int(m.group("nports")),
+        "ports": [],
         "lid": int(lid.group(1)) if lid else None,
     }
 
@@ -114,6 +117,7 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
         to_guid = norm_guid(p.group("peer"))
         if to_guid is not None and quoted:
             names.setdefault(to_guid, quoted[-1])
+        node["ports"].append(from_port)
         key = frozenset({(node["guid"], from_port), (str(to_guid), to_port)})
         if key in seen:
             _merge_far_end(seen[key], node["name"], from_port, width, speed, warnings)

@@ -21,8 +21,8 @@ def topo() -> dict[str, Any]:
 
 def test_switches_and_cas_with_descriptions(topo: dict[str, Any]) -> None:
     assert topo["switches"] == [
-        {"guid": ISR, "name": "ISR9024 Voltaire", "num_ports": 24, "lid": 6},
-        {"guid": SW6, "name": "SW-6IB4 Voltaire", "num_ports": 8, "lid": 3},
+        {"guid": ISR, "name": "ISR9024 Voltaire", "num_ports": 24, "ports": [22, 10, 8, 6, 12], "lid": 6},
+        {"guid": SW6, "name": "SW-6IB4 Voltaire", "num_ports": 8, "ports": [6, 4, 1, 3], "lid": 3},
     ]
     assert [c["guid"] for c in topo["cas"]] == [
         "0x0008f10403960984",

@@ -452,9 +452,14 @@ WantedBy=multi-user.target
         PackageRecipe(
             "mlnx-tools",
             tool_ver,
-            "Mellanox userland tools (ibdev2netdev), lab stand-in",
+            "Mellanox userland tools (ibdev2netdev, mlnx_qos, cma_roce_*), lab stand-in",
             "utils",
-            files=_present(_tool("ibdev2netdev", "/usr/bin/ibdev2netdev")),
+            files=_present(
+                _tool("ibdev2netdev", "/usr/bin/ibdev2netdev"),
+                _tool("mlnx_qos", "/usr/bin/mlnx_qos"),  # setup.py script of mlnx-tools
+                _tool("cma_roce_tos", "/usr/sbin/cma_roce_tos"),  # SBIN_PROGRAMS of its Makefile
+                _tool("cma_roce_mode", "/usr/sbin/cma_roce_mode"),
+            ),
         ),
         PackageRecipe(
             "mlnx-ofed-kernel-utils",
@@ -495,7 +500,7 @@ WantedBy=multi-user.target
     # infiniband-diags is Debian's real package (in the node image: its ibstat reads the
     # simulated sysfs).  A stand-in would need a version above Debian's 44.0-2 and would
     # replace the real ibstat; the MAD tools that cannot work without an HCA (sminfo,
-    # iblinkinfo, saquery) are simulated by the image's lab layer in /usr/local/sbin.
+    # iblinkinfo, saquery, ibnetdiscover) are simulated by the image's lab layer in /usr/local/sbin.
     everything = tuple(
         f"{name} (= {ver})" if name != "infiniband-diags" else name for name, ver in components.items()
     )

@@ -12,6 +12,7 @@ inputs, never from ``random``, so a run id replays the same result.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -66,6 +67,34 @@ def jitter(spread: float, *parts: object) -> float:
 def flaps_now(hca: dict[str, Any], run: str) -> bool:
     """Whether a flapping port drops during run ``run`` (about every other run)."""
     return bool(hca.get("flapping")) and unit_hash("flap", run, hca.get("port_guid")) < 0.5
+
+
+def flap_counters(hca: dict[str, Any], run: str) -> dict[str, int]:
+    """What one traffic run over a flapping port adds to its counters; {} for a steady port.
+
+    The model: a flapping port retrains under load in every run that uses it (link_error_recovery + 1,
+    a burst of symbol errors), and in the runs where it drops (:func:`flaps_now`) the link also goes down
+    (link_downed + 1). So a traffic run over a flapping port always moves its counters, whether or not
+    that run failed: a check that reads them before and after sees it every time.
+    """
+    if not hca.get("flapping"):
+        return {}
+    burst = 5 + int(unit_hash("symbols", run, hca.get("port_guid")) * 20)
+    deltas = {"link_error_recovery": 1, "symbol_error": burst}
+    if flaps_now(hca, run):
+        deltas["link_downed"] = 1
+    return deltas
+
+
+def record_flap(host: str, hca: dict[str, Any], run: str) -> None:
+    """Raise ``host``'s counters for one traffic run over ``hca`` (nothing for a steady port).
+
+    Best effort: a lab without a writable node.json (a unit test's fixture) keeps its counters.
+    """
+    deltas = flap_counters(hca, run)
+    if deltas:
+        with contextlib.suppress(OSError, KeyError, ValueError):
+            labstate.bump_counters(lab_root(), host, str(hca["device"]), int(hca.get("port", 1)), deltas)
 
 
 def driver_installed() -> bool:

@@ -187,6 +187,8 @@ def check_nodes(nodes: list[dict[str, Any]], ranks_per_host: int, run: str, me: 
             raise NcclFailure([f"{host}: Test CUDA failure common.cu:892 'invalid device ordinal'"])
         if len(nodes) > 1:
             for hca in node.get("hcas", []):
+                if common.port_usable(hca):
+                    common.record_flap(host, hca, run)
                 if common.port_usable(hca) and common.flaps_now(hca, run):
                     raise NcclFailure(
                         [

@@ -432,6 +432,7 @@ def _report(
     print(DASHES, file=out)
     print(table_header(eff), file=out, flush=True)
     run = common.run_id()
+    common.record_flap(common.this_host(), hca, run)  # each end counts its own port's bounces
     if (
         peer.get("state") != "active"
         or common.flaps_now({"flapping": mine["flapping"], "port_guid": mine["guid"]}, run)

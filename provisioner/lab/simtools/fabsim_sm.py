@@ -328,14 +328,17 @@ def parse_config(text: str, upstream: bool) -> Config:
 
 
 def routing_engines(cfg: Config, upstream: bool) -> tuple[list[str], list[str]]:
-    """(engines set up, log lines): unknown engines are skipped; minhop is the fallback."""
+    """(engines set up, ERROR log lines): unknown engines are skipped; minhop is the fallback.
+
+    Real opensm logs a successful set-up (``'x' routing engine set up``) at DEBUG level only, which
+    default log flags (0x03) do not show, so only the failures are returned.
+    """
     wanted = [e for e in cfg.values.get("routing_engine", "").split(",") if e and e != "(null)"]
     known = UPSTREAM_ENGINES if upstream else NVIDIA_ENGINES
     used, logs = [], []
     for engine in wanted:
         if engine in known:
             used.append(engine)
-            logs.append(f"setup_routing_engine: '{engine}' routing engine set up")
         else:
             logs.append(f"setup_routing_engine: cannot find or setup routing engine '{engine}'")
     if "minhop" not in used:
@@ -444,6 +447,32 @@ def sweep(root: str, master_lid: int, lids: dict[str, int], me: tuple[str, str, 
             labstate.save_node(root, node)
             changed += 1
     return changed
+
+
+def routing_log_lines(engine: str, ar_cycle: int, now: float | None = None) -> list[str]:
+    """What NVIDIA's opensm logs (default flags) once a sweep has routed the fabric with ``engine``.
+
+    Real lines, from OpenSM 5.21.12.MLNX logs published in ibsim tutorials (project code index,
+    find_string "AR Manager - Configuration cycle (number", file ids 59293070143 with ar_updn and
+    59625032697 with ar_ftree)::
+
+        AR Manager - Configuration cycle (number 1) completed successfully
+        Jun 20 14:38:48 850162 [E63ED6C0] 0x02 -> osm_ucast_mgr_process: ar_updn tables configured on all ...
+        Jun 20 14:38:48 850786 [E63ED6C0] 0x02 -> osm_ar_calculate_pfrn: No fabric switch supports pFRN. Hence, ...
+
+    The AR Manager line has no timestamp prefix (it is printed so in both logs). A non-AR engine gets
+    only the ``tables configured`` line (upstream opensm's ftree log, fixture
+    tests/fixtures/opensm-log/upstream_ftree_excerpt.txt). ``engine`` is the engine actually set up,
+    so an ``ar_*`` engine the build does not know (upstream opensm) never produces AR lines.
+    """
+    adaptive = engine.startswith("ar_")
+    lines = [f"AR Manager - Configuration cycle (number {ar_cycle}) completed successfully"] if adaptive else []
+    # (the elided ends above read "... avoid configuring pFRN" and "... on all switches")
+    lines.append(log_line(0x02, f"osm_ucast_mgr_process: {engine} tables configured on all switches", now))
+    if adaptive:
+        pfrn = "osm_ar_calculate_pfrn: No fabric switch supports pFRN. Hence, avoid configuring pFRN"
+        lines.append(log_line(0x02, pfrn, now))
+    return lines
 
 
 def log_line(level: int, msg: str, now: float | None = None) -> str:
@@ -569,7 +598,7 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
     log.write(log_line(0x02, f"osm_vendor_bind: Mgmt class 0x81 binding to port GUID {guid}") + "\n")
     log.write(log_line(0x80, "Entering DISCOVERING state") + "\n")
     log.flush()
-    state, activity = "discovering", 0
+    state, activity, ar_cycles = "discovering", 0, 0
     my_file = os.path.join(sm_dir, f"{guid}.json")
     try:
         while not stop["now"]:
@@ -602,9 +631,13 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
                         state = "master"
                         log.write(log_line(0x80, "Entering MASTER state") + "\n")
                         for line in engine_logs:
-                            log.write(log_line(0x02, line) + "\n")
+                            log.write(log_line(0x01, line) + "\n")
                     record["lid"] = assign_lid(lids, str(port.get("port_guid")))
                     sweep(root, int(record["lid"]), lids, me)
+                    if first:
+                        ar_cycles += 1
+                        for line in routing_log_lines(engines[0], ar_cycles):
+                            log.write(line + "\n")
                     labstate.atomic_write(os.path.join(sm_dir, "lids.json"), json.dumps(lids, sort_keys=True) + "\n")
                     record["state"] = "master"
                     labstate.atomic_write(my_file, json.dumps(record) + "\n")
@@ -759,11 +792,33 @@ def _link(hca: dict[str, Any]) -> str:
     return f"({hca.get('width', ''):>3s} {speed:>18s} {state:>6s}/{phys:>8s})"
 
 
+def switch_link_ends(fabric: dict[str, Any]) -> dict[tuple[str, int], tuple[str, int, dict[str, Any]]]:
+    """Both ends of every switch-to-switch cable: (switch, port) -> (peer switch, peer port, link record).
+
+    ``fabric.json`` ``switch_links`` (written from the spec's tiers by ``lab up``) lists each cable once,
+    from the lower tier up; real tools show it from both switches.
+    """
+    ends: dict[tuple[str, int], tuple[str, int, dict[str, Any]]] = {}
+    for link in fabric.get("switch_links", []) or []:
+        a, pa = str(link.get("switch")), int(link.get("port", 0))
+        b, pb = str(link.get("peer")), int(link.get("peer_port", 0))
+        ends[(a, pa)] = (b, pb, link)
+        ends[(b, pb)] = (a, pa, link)
+    return ends
+
+
+def _isl_link(link: dict[str, Any], swept: bool) -> dict[str, Any]:
+    """A switch-to-switch link as an HCA-like port record (LinkUp; Active once an SM has swept)."""
+    return {"state": "active" if swept else "init", "phys_state": "linkup",
+            "width": link.get("width", "4X"), "speed": link.get("speed", "NDR")}
+
+
 def iblinkinfo_text(root: str) -> str:
     """CA and switch blocks in iblinkinfo's layout, from fabric.json cables and node states."""
     fabric = common.load_fabric_or_empty(root)
     lids = _read_json(os.path.join(root, "sm", "lids.json"), {})
     switches = {str(s.get("name")): s for s in fabric.get("switches", [])}
+    isl = switch_link_ends(fabric)
     by_port: dict[tuple[str, str, int], dict[str, Any]] = {}
     sw_side: dict[tuple[str, int], tuple[dict[str, Any], dict[str, Any]]] = {}
     nodes = {h: labstate.load_node(root, h) for h in common.lab_hosts(root)}
@@ -793,12 +848,19 @@ def iblinkinfo_text(root: str) -> str:
         lines.append(f"Switch: 0x{common.guid_int(sw.get('guid')):016x} {sw.get('description', name)}:")
         for num in range(1, int(sw.get("ports", 0)) + 1):
             peer = sw_side.get((name, num))
+            other = isl.get((name, num))
             head = f"      {sw_lid:6d} {num:4d}[  ]"
             if peer:
                 hca, info = peer
                 lines.append(
                     f'{head} =={_link(hca)}==>  {info["lid"]:6d} {int(hca.get("port", 1)):4d}[  ] "{info["desc"]}" ( )'
                 )
+            elif other and other[0] in switches:
+                far = switches[other[0]]
+                far_lid = int(lids.get(str(far.get("guid")), 0))
+                link = _isl_link(other[2], str(sw.get("guid")) in lids)
+                far_desc = far.get("description", other[0])
+                lines.append(f'{head} =={_link(link)}==>  {far_lid:6d} {other[1]:4d}[  ] "{far_desc}" ( )')
             else:
                 lines.append(f'{head} ==(              {"Down":>6s}/{"Polling":>8s})==>             [  ] "" ( )')
     return "\n".join(lines) + "\n"
@@ -806,4 +868,173 @@ def iblinkinfo_text(root: str) -> str:
 
 def iblinkinfo_main(argv: Sequence[str]) -> int:
     print(iblinkinfo_text(common.lab_root()), end="")
+    return 0
+
+
+# ---------------------------------------------------------------- ibnetdiscover
+#
+# Format: infiniband-diags ibnetdiscover's default topology file, checked against real captures: the
+# NDR fabric in NVIDIA/topograph tests/output/ibnetdiscover/example.out (Quantum-2 QM9701 leaves and
+# spines, ConnectX-7 CAs; tab layout, blank line after each block, switches first, then CAs, each in
+# reverse discovery order, the initiating CA last) and the example in rdma-core's ibnetdiscover(8).
+
+VENDOR_ID = 0x2C9
+"""Mellanox/NVIDIA IEEE OUI, as ``vendid=0x2c9`` on every node of the captures."""
+SWITCH_DEVICE_ID = 0xD2F2
+"""``devid`` of the QM9701 switches in the NVIDIA capture; used for every simulated switch."""
+
+NodeKey = tuple[str, ...]
+"""``("S", switch name)`` or ``("H", host, device)``."""
+
+
+@dataclass
+class _Topo:
+    """The fabric as ibnetdiscover would find it: nodes, and per node port the far end of its live link."""
+
+    switches: dict[NodeKey, dict[str, Any]] = field(default_factory=dict)
+    cas: dict[NodeKey, dict[str, Any]] = field(default_factory=dict)
+    links: dict[NodeKey, dict[int, tuple[NodeKey, int, dict[str, Any]]]] = field(default_factory=dict)
+
+    def connect(self, a: NodeKey, pa: int, b: NodeKey, pb: int, link: dict[str, Any]) -> None:
+        self.links.setdefault(a, {})[pa] = (b, pb, link)
+        self.links.setdefault(b, {})[pb] = (a, pa, link)
+
+
+def _ca_devid(ca_type: object) -> int:
+    """PCI device id from the HCA type: ``MT4129`` (ConnectX-7) -> 0x1021, as ibstat and ibnetdiscover show."""
+    digits = str(ca_type or "").removeprefix("MT")
+    return int(digits) if digits.isdigit() else 0
+
+
+def build_topology(root: str) -> _Topo:
+    """Switches, CAs and the physically linked-up cables between them (faults already applied to the state)."""
+    fabric = common.load_fabric_or_empty(root)
+    lids = _read_json(os.path.join(root, "sm", "lids.json"), {})
+    topo = _Topo()
+    for sw in fabric.get("switches", []):
+        guid = str(sw.get("guid"))
+        topo.switches[("S", str(sw.get("name")))] = {
+            "guid": common.guid_int(guid), "desc": sw.get("description", sw.get("name")),
+            "ports": int(sw.get("ports", 0)), "lid": int(lids.get(guid, 0)), "swept": guid in lids}
+    for host in common.lab_hosts(root):
+        for hca in labstate.load_node(root, host).get("hcas", []):
+            if hca.get("link_layer", "InfiniBand") != "InfiniBand":
+                continue
+            ca = topo.cas.setdefault(("H", host, str(hca.get("device"))), {
+                "guid": common.guid_int(hca.get("node_guid")), "sysimg": common.guid_int(hca.get("sys_image_guid")),
+                "desc": f"{host} {hca.get('device')}", "devid": _ca_devid(hca.get("ca_type")), "ports": {}})
+            ca["ports"][int(hca.get("port", 1))] = hca
+    for cable in fabric.get("cables", []):
+        key, port = ("H", str(cable.get("node")), str(cable.get("device"))), int(cable.get("port", 1))
+        hca = topo.cas.get(key, {}).get("ports", {}).get(port)
+        sw = ("S", str(cable.get("switch")))
+        if hca is not None and sw in topo.switches and hca.get("phys_state") == "linkup":
+            topo.connect(key, port, sw, int(cable.get("switch_port", 0)), hca)
+    for link in fabric.get("switch_links", []) or []:
+        a, b = ("S", str(link.get("switch"))), ("S", str(link.get("peer")))
+        if a in topo.switches and b in topo.switches:
+            swept = bool(topo.switches[a]["swept"])
+            topo.connect(a, int(link.get("port", 0)), b, int(link.get("peer_port", 0)), _isl_link(link, swept))
+    return topo
+
+
+def _discover(topo: _Topo, start: NodeKey) -> list[NodeKey]:
+    """Nodes reachable from ``start`` over live links, in the order a breadth-first discovery meets them."""
+    order, queue, seen = [start], [start], {start}
+    while queue:
+        node = queue.pop(0)
+        for port in sorted(topo.links.get(node, {})):
+            peer = topo.links[node][port][0]
+            if peer not in seen:
+                seen.add(peer)
+                order.append(peer)
+                queue.append(peer)
+    return order
+
+
+def _local_ib_port(topo: _Topo, host: str) -> tuple[NodeKey, dict[str, Any]] | None:
+    """The port umad picks: the first Active one, else the first physically LinkUp one (ibnetdiscover(8))."""
+    ports = [(key, hca) for key, ca in topo.cas.items() if key[1] == host for _, hca in sorted(ca["ports"].items())]
+    for wanted in ("active", "linkup"):
+        for key, hca in ports:
+            if (hca.get("state") if wanted == "active" else hca.get("phys_state")) == wanted:
+                return key, hca
+    return None
+
+
+def _rate(link: dict[str, Any]) -> str:
+    return f"{str(link.get('width', '4X')).lower()}{link.get('speed', '')}"
+
+
+def _node_lid(topo: _Topo, key: NodeKey, port: int) -> int:
+    if key[0] == "S":
+        return int(topo.switches[key]["lid"])
+    return int(topo.cas[key]["ports"][port].get("lid", 0))
+
+
+def _node_desc(topo: _Topo, key: NodeKey) -> str:
+    return str((topo.switches.get(key) or topo.cas[key])["desc"])
+
+
+def _peer_ref(topo: _Topo, key: NodeKey, port: int) -> str:
+    """``"S-<guid>"[p]`` or ``"H-<guid>"[p](<port guid>)`` as a port line names the far end."""
+    if key[0] == "S":
+        return f'"S-{topo.switches[key]["guid"]:016x}"[{port}]'
+    hca = topo.cas[key]["ports"][port]
+    return f'"H-{topo.cas[key]["guid"]:016x}"[{port}]({common.guid_int(hca.get("port_guid")):x}) '
+
+
+def _switch_block(topo: _Topo, key: NodeKey) -> list[str]:
+    sw = topo.switches[key]
+    lines = [f"vendid=0x{VENDOR_ID:x}", f"devid=0x{SWITCH_DEVICE_ID:x}", f"sysimgguid=0x{sw['guid']:x}",
+             f"switchguid=0x{sw['guid']:x}({sw['guid']:x})",
+             f'Switch\t{sw["ports"]} "S-{sw["guid"]:016x}"\t\t# "{sw["desc"]}" enhanced port 0 lid {sw["lid"]} lmc 0']
+    for port, (peer, pport, link) in sorted(topo.links.get(key, {}).items()):
+        lines.append(f'[{port}]\t{_peer_ref(topo, peer, pport)}\t\t# "{_node_desc(topo, peer)}" '
+                     f"lid {_node_lid(topo, peer, pport)} {_rate(link)}")
+    return lines
+
+
+def _ca_block(topo: _Topo, key: NodeKey) -> list[str]:
+    ca = topo.cas[key]
+    lines = [f"vendid=0x{VENDOR_ID:x}", f"devid=0x{ca['devid']:x}", f"sysimgguid=0x{ca['sysimg']:x}",
+             f"caguid=0x{ca['guid']:x}", f'Ca\t{max(ca["ports"])} "H-{ca["guid"]:016x}"\t\t# "{ca["desc"]}"']
+    for port, (peer, pport, link) in sorted(topo.links.get(key, {}).items()):
+        hca = ca["ports"][port]
+        lines.append(f'[{port}]({common.guid_int(hca.get("port_guid")):x}) \t{_peer_ref(topo, peer, pport)}\t\t'
+                     f'# lid {int(hca.get("lid", 0))} lmc 0 "{_node_desc(topo, peer)}" '
+                     f"lid {_node_lid(topo, peer, pport)} {_rate(link)}")
+    return lines
+
+
+def ibnetdiscover_text(root: str, host: str, now: float | None = None) -> str | None:
+    """The topology file ibnetdiscover prints when run on ``host``; None when no local port has a link."""
+    topo = build_topology(root)
+    local = _local_ib_port(topo, host)
+    if local is None:
+        return None
+    start, hca = local
+    order = _discover(topo, start)
+    stamp = time.ctime(time.time() if now is None else now)
+    out = ["#", f"# Topology file: generated on {stamp}", "#",
+           f"# Initiated from node {topo.cas[start]['guid']:016x} port {common.guid_int(hca.get('port_guid')):016x}",
+           ""]
+    for key in reversed(order):
+        if key[0] == "S":
+            out += [*_switch_block(topo, key), ""]
+    for key in reversed(order):
+        if key[0] == "H":
+            out += [*_ca_block(topo, key), ""]
+    return "\n".join(out) + "\n"
+
+
+def ibnetdiscover_main(argv: Sequence[str]) -> int:
+    if any(a.startswith("-") for a in argv[1:]):
+        print("ibnetdiscover: the lab simulates only the default topology output (no options)", file=sys.stderr)
+        return 1
+    text = ibnetdiscover_text(common.lab_root(), common.this_host())
+    if text is None:
+        print("ibnetdiscover: iberror: failed: discover failed", file=sys.stderr)
+        return 255
+    print(text, end="")
     return 0

@@ -21,10 +21,13 @@ Every write is atomic: a dot-named temporary file in the same directory, then
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
 import tempfile
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 LAB_ROOT = "/run/lab"
@@ -79,6 +82,33 @@ DEFAULT_CAP_MASK = 0x2651E848
 IS_SM_CAP_BIT = 0x2
 DEFAULT_PKEY = "0xffff"
 GID_PREFIX = "fe80:0000:0000:0000"
+
+PORT_COUNTERS: dict[str, int] = {
+    "symbol_error": 16,
+    "link_error_recovery": 8,
+    "link_downed": 8,
+    "port_rcv_errors": 16,
+    "port_rcv_remote_physical_errors": 16,
+    "port_rcv_switch_relay_errors": 16,
+    "port_xmit_discards": 16,
+    "port_xmit_constraint_errors": 8,
+    "port_rcv_constraint_errors": 8,
+    "local_link_integrity_errors": 4,
+    "excessive_buffer_overrun_errors": 4,
+    "VL15_dropped": 16,
+    "port_xmit_data": 64,
+    "port_rcv_data": 64,
+    "port_xmit_packets": 64,
+    "port_rcv_packets": 64,
+    "port_xmit_wait": 32,
+    "unicast_rcv_packets": 64,
+    "unicast_xmit_packets": 64,
+    "multicast_rcv_packets": 64,
+    "multicast_xmit_packets": 64,
+}
+"""``ports/N/counters/<name>`` -> the counter's width in bits: the kernel's PMA attribute table with the
+extended (64-bit data) set and ``port_xmit_wait`` (drivers/infiniband/core/sysfs.c). PMA error counters
+stop at their maximum instead of wrapping, so :func:`add_counters` saturates at ``2**bits - 1``."""
 
 DEFAULT_MODULES: list[str] = ["mlx5_core", "mlx5_ib", "ib_core", "ib_uverbs", "ib_umad", "ib_ipoib"]
 """Kernel modules a freshly racked node with an inbox HCA driver has loaded."""
@@ -278,7 +308,48 @@ def render_port(hca: dict[str, Any]) -> dict[str, str]:
         "link_layer": str(hca.get("link_layer", "InfiniBand")) + "\n",
         "gids/0": gid_from_guid(str(hca["port_guid"])) + "\n",
         "pkeys/0": str(hca.get("pkey", DEFAULT_PKEY)) + "\n",
+        **{f"counters/{name}": f"{value}\n" for name, value in port_counters(hca).items()},
     }
+
+
+def port_counters(hca: Mapping[str, Any]) -> dict[str, int]:
+    """Every counter of a port: node.json's ``counters`` over zeros (a healthy, freshly cleared port)."""
+    stored = hca.get("counters") or {}
+    return {name: int(stored.get(name, 0)) for name in PORT_COUNTERS}
+
+
+def add_counters(hca: dict[str, Any], deltas: Mapping[str, int]) -> None:
+    """Raise counters of one node.json port entry in place, saturating like the PMA does."""
+    counters = port_counters(hca)
+    for name, delta in deltas.items():
+        if name not in PORT_COUNTERS:
+            raise ValueError(f"unknown port counter {name!r}")
+        counters[name] = min(counters[name] + int(delta), 2 ** PORT_COUNTERS[name] - 1)
+    hca["counters"] = counters
+
+
+@contextmanager
+def node_lock(root: str, host: str) -> Iterator[None]:
+    """Hold the node's lock file while reading, editing and saving its node.json.
+
+    Two simulated tools of one run (both ends of an ``ib_write_bw``, NCCL's launcher) may raise
+    counters at the same moment; without the lock one update would be lost.
+    """
+    path = os.path.join(node_dir(root, host), ".node.lock")
+    with open(path, "a", encoding="utf-8") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def bump_counters(root: str, host: str, device: str, port: int, deltas: Mapping[str, int]) -> None:
+    """Raise counters of ``host``'s ``device``/``port`` in node.json and its sysfs files (under the node lock)."""
+    with node_lock(root, host):
+        node = load_node(root, host)
+        add_counters(find_hca(node, device, port), deltas)
+        save_node(root, node)
 
 
 def render_sysfs(node: dict[str, Any]) -> dict[str, str]:
