@@ -95,7 +95,15 @@ def rules_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-SECTIONS = {"spec-reference": spec_reference, "rules": rules_reference}
+def compat_reference() -> str:
+    from provisioner.spec.compat import compat_table
+
+    lines = ["| component | version | requires |", "|---|---|---|"]
+    lines += [f"| {comp} | {ver} | {req} |" for comp, ver, req in compat_table()]
+    return "\n".join(lines) + "\n"
+
+
+SECTIONS = {"spec-reference": spec_reference, "rules": rules_reference, "compat": compat_reference}
 
 
 def render_readme(text: str) -> str:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from provisioner.errors import UsageError
+from provisioner.errors import ProvisionerError, UsageError
 from provisioner.runner import PLAYBOOKS_DIR, PlaybookResult, RunnerError, run_playbook
 from provisioner.spec.hostlist import HostlistError, compress, expand
 from provisioner.state import (
@@ -212,6 +212,7 @@ class StepContext:
 
 
 PythonStep = Callable[[StepContext], StepOutcome]
+AfterConverge = Callable[[StepContext], str | None]
 
 
 class Reporter(Protocol):
@@ -266,6 +267,7 @@ class Engine:
     steps: Mapping[str, PythonStep] = field(default_factory=dict)
     reporter: Reporter = field(default_factory=NullReporter)
     run_id: str = field(default_factory=new_run_id)
+    after_converge: AfterConverge | None = None   # e.g. fetch the nodes' manifests and report drift
 
     def execute(self, plan: RunPlan) -> RunJournal:
         journal = RunJournal(self.run_id, self.cluster, self.spec, list(plan.phases), plan.progress,
@@ -275,6 +277,7 @@ class Engine:
         save_journal(self.state_dir, journal)
         active = list(plan.hosts)
         set_aside: dict[str, dict[str, str]] = {}
+        last_converge = next((n for n in reversed(plan.phases) if phase(n).playbook), None)
         for name in plan.phases:
             ph = phase(name)
             targets = [h for h in active if ph.always or name not in journal.hosts[h].completed]
@@ -296,6 +299,8 @@ class Engine:
                 continue
             self._apply(name, targets, outcome, rec, journal, set_aside)
             active = [h for h in active if h not in set_aside]
+            if name == last_converge:
+                self._after_converge(rec, active, run_dir)
             self.reporter.phase_finished(rec)
             save_journal(self.state_dir, journal)
             decision = decide(set_aside, len(plan.hosts), self.critical, self.options.max_fail)
@@ -326,6 +331,19 @@ class Engine:
             for h in rec.ok:
                 if name not in journal.hosts[h].completed:
                     journal.hosts[h].completed.append(name)
+
+    def _after_converge(self, rec: PhaseRecord, hosts: list[str], run_dir: Path) -> None:
+        """After the last converge phase: the hook (manifest fetch + drift) notes its result on that phase.
+
+        Skipped in check mode (no manifest is written then); its failure never fails the run."""
+        if self.after_converge is None or self.options.check or not hosts:
+            return
+        try:
+            note = self.after_converge(StepContext(rec.name, list(hosts), run_dir, self.state_dir, self.options))
+        except ProvisionerError as exc:
+            note = f"drift check could not run: {exc}"
+        if note:
+            rec.note = f"{rec.note}; {note}" if rec.note else note
 
     def _run_phase(self, ph: Phase, targets: list[str], run_dir: Path, rec: PhaseRecord) -> StepOutcome:
         if ph.playbook is None:
@@ -401,10 +419,12 @@ def summary_lines(journal: RunJournal) -> list[str]:
 
 def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = None,
                   runner: PlaybookRunner = run_playbook, steps: Mapping[str, PythonStep] | None = None,
-                  reporter: Reporter | None = None, playbooks_dir: Path = PLAYBOOKS_DIR) -> RunJournal:
+                  reporter: Reporter | None = None, playbooks_dir: Path = PLAYBOOKS_DIR,
+                  after_converge: AfterConverge | None = None) -> RunJournal:
     """`provision cluster.yaml`: load the spec (raises SpecInvalid), plan (fresh or --resume), run the phases.
 
     `steps` supplies the Python phases beyond validate/render (verify, report); missing ones are not built.
+    `after_converge` runs once after the last converge phase (the CLI passes the manifest/drift check).
     """
     from provisioner.render import render_inventory
     from provisioner.spec import load_cluster
@@ -426,5 +446,5 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
     engine = Engine(cluster.name, str(spec), sdir, sdir / "inventory",
                     critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
                     playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
-                    reporter=reporter or NullReporter())
+                    reporter=reporter or NullReporter(), after_converge=after_converge)
     return engine.execute(plan)

@@ -35,6 +35,26 @@ GPU_MIN_BRANCH: dict[str, int] = {"H200-SXM-141GB": 550, "B200-SXM-180GB": 570, 
                                   "H100-PCIE-80GB": 525, "H100-NVL-94GB": 535, "L40S": 525}
 
 
+# The CUDA releases NVIDIA builds an NCCL release for (package suffix "+cudaX.Y"). A build for X.Y runs on any
+# X.z toolkit (minor-version compatibility), never on another major. Sources: NCCL release notes, section
+# "Compatibility" (docs.nvidia.com/deeplearning/nccl/release-notes/rel_2-10-3.html: "supports CUDA 10.2, CUDA
+# 11.0, and CUDA 11.4"; rel_2-12-10.html: "CUDA 10.2, CUDA 11.0, and CUDA 11.6"), and the redistributable index
+# developer.nvidia.com/compute/redist/nccl/v2.30.7/ (nccl_2.30.7-1+cuda12.9, nccl_2.30.7-1+cuda13.3).
+# Releases not listed are not checked (no source read for them here).
+NCCL_CUDA_BUILDS: dict[str, tuple[str, ...]] = {
+    "2.10.3": ("10.2", "11.0", "11.4"),
+    "2.12.10": ("10.2", "11.0", "11.6"),
+    "2.30.7": ("12.9", "13.3"),
+}
+
+# DOCA release -> the OFED version `ofed_info -s` reports (the doca_ofed role's doca_ofed_doca_releases holds the
+# same map; the sources are cited there). DOCA 2.7.0, which the examples pin, is NOT listed: no public page read
+# here names its OFED version (docs.nvidia.com/doca/archive/2-7-0 is not in the reference set; the network
+# operator's doca-driver 24.04-0.6.6.0 and `ofed_info -s` = OFED-internal-24.04-0.6.6 from DOCA-era guides are
+# consistent with it but never state the DOCA release), so a DOCA 2.7.0 run needs doca_ofed_ofed_version set.
+DOCA_OFED: dict[str, str] = {"2.9.1": "24.10-1.1.4.0", "3.2.2": "25.10-2.4.1", "3.3.0": "26.01-1.0.0.0"}
+
+
 def version_tuple(v: str) -> tuple[int, ...]:
     """'550.54.15' → (550, 54, 15); non-numeric parts end the tuple."""
     out: list[int] = []
@@ -63,3 +83,33 @@ def min_driver_for(cuda: str) -> str | None:
     # an update newer than the table knows: the newest known update of that minor is a lower bound
     known = sorted(k for k in CUDA_MIN_DRIVER if k[:2] == key[:2] and k <= key)
     return CUDA_MIN_DRIVER[known[-1]] if known else None
+
+
+def nccl_cuda_mismatch(nccl: str, cuda: str) -> tuple[str, ...] | None:
+    """The CUDA builds of ``nccl`` when none is of ``cuda``'s major (a known-bad pair); None when fine or unknown."""
+    builds = NCCL_CUDA_BUILDS.get(nccl)
+    major = version_tuple(cuda)[:1]
+    if builds is None or not major:
+        return None
+    if any(version_tuple(b)[:1] == major for b in builds):
+        return None
+    return builds
+
+
+def compat_table() -> list[tuple[str, str, str]]:
+    """(component, versions, requirement) rows for the README's generated compatibility table."""
+    rows: list[tuple[str, str, str]] = []
+    for (maj, minor, upd), drv in sorted(CUDA_MIN_DRIVER.items()):
+        rows.append(("CUDA", f"{maj}.{minor}.{upd}", f"driver >= {drv}"))
+    for major, floor in sorted(CUDA_MAJOR_FLOOR.items()):
+        rows.append(("CUDA", f"{major}.x (minor-version compatibility)", f"driver >= {floor}"))
+    for os_name, (maj, minor) in sorted(OS_FIRST_CUDA.items()):
+        rows.append(("CUDA", f"apt repository of {os_name}", f"CUDA >= {maj}.{minor}"))
+    for gpu, branch in sorted(GPU_MIN_BRANCH.items()):
+        extra = ", open kernel modules only" if gpu in OPEN_MODULES_REQUIRED else ""
+        rows.append(("driver", gpu, f"branch >= {branch}{extra}"))
+    for nccl, builds in sorted(NCCL_CUDA_BUILDS.items(), key=lambda kv: version_tuple(kv[0])):
+        rows.append(("NCCL", nccl, "built for CUDA " + ", ".join(builds) + " (same CUDA major)"))
+    for doca, ofed in sorted(DOCA_OFED.items(), key=lambda kv: version_tuple(kv[0])):
+        rows.append(("DOCA-OFED", doca, f"ofed_info -s = OFED-internal-{ofed}"))
+    return rows

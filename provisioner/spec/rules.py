@@ -6,6 +6,7 @@ Rules read the expanded Cluster and point at the YAML line the problem comes fro
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -183,6 +184,24 @@ def _leaf_ports(c: Cluster, rep: Reporter, r: Rule) -> None:
         if count[sw.name] > free:
             r.report(rep, sw.path, f"{sw.name}: {count[sw.name]} node ports cabled but only {free} free "
                      f"({sw.ports} ports, {sw.uplinks} uplinks)", "add a leaf or reduce uplinks")
+
+
+@rule("TIER-PORTS-EXCEEDED", "error",
+      "Every uplink of a tier lands on a down port of the tier above; more uplinks than those ports means some "
+      "switch is planned with cables that have nowhere to go, and its nodes reach the rest of the fabric through "
+      "fewer links than the design assumes.")
+def _tier_ports(c: Cluster, rep: Reporter, r: Rule) -> None:
+    order = ("leaf", "spine", "core")
+    present = [t for t in order if any(sw.tier == t for sw in c.switches)]
+    for lower, upper in itertools.pairwise(present):
+        below = [sw for sw in c.switches if sw.tier == lower]
+        above = [sw for sw in c.switches if sw.tier == upper]
+        uplinks = sum(sw.uplinks for sw in below)
+        down_ports = sum(max(sw.ports - sw.uplinks, 0) for sw in above)
+        if uplinks > down_ports:
+            r.report(rep, above[0].path, f"the {lower} switches have {uplinks} uplinks but the {upper} switches "
+                     f"only {down_ports} ports for them ({len(above)} {upper}s, ports minus their own uplinks)",
+                     f"add {upper} switches, reduce {lower} uplinks, or use fewer {upper} uplinks")
 
 
 @rule("CABLE-UNCABLED-RAIL", "warning",
@@ -504,3 +523,33 @@ def _gpu_driver(c: Cluster, rep: Reporter, r: Rule) -> None:
             r.report(rep, ("software", "driver", "kernel_modules"),
                      f"{prof.gpu.model} (profile '{pname}') is supported only by the open kernel modules",
                      "set kernel_modules: open")
+
+
+@rule("COMPAT-NCCL-CUDA", "error",
+      "NCCL is built per CUDA major (libnccl2 ...+cudaX.Y); a release with no build for the pinned CUDA major "
+      "cannot be installed beside that toolkit.")
+def _nccl_cuda(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    sw = c.spec.software
+    builds = compat.nccl_cuda_mismatch(sw.nccl, sw.cuda)
+    if builds:
+        r.report(rep, ("software", "nccl"), f"NCCL {sw.nccl} has builds for CUDA {', '.join(builds)} only, none "
+                 f"for CUDA {sw.cuda}", "pin an NCCL release built for this CUDA major")
+
+
+@rule("COMPAT-DOCA-UNKNOWN", "warning",
+      "The doca_ofed role proves the install by comparing `ofed_info -s` with the OFED release the DOCA version "
+      "ships; for a DOCA release outside its table it cannot, and stops at converge time instead of now.")
+def _doca_unknown(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    ofed = c.spec.software.ofed
+    if ofed.flavor != "doca" or ofed.version is None or ofed.version in compat.DOCA_OFED:
+        return
+    if "doca_ofed_ofed_version" in c.spec.site_vars:
+        return
+    known = ", ".join(sorted(compat.DOCA_OFED, key=compat.version_tuple))
+    r.report(rep, ("software", "ofed", "version"), f"DOCA {ofed.version} is not in the DOCA -> OFED table "
+             f"(known: {known})", "set site_vars.doca_ofed_ofed_version to the version `ofed_info -s` prints for it, "
+             "or pin a listed DOCA release")

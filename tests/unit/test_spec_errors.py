@@ -14,7 +14,7 @@ BASE = textwrap.dedent("""\
       driver: {version: "550.90.07"}
       cuda: "12.4.1"
       nccl: "2.21.5"
-      ofed: {flavor: doca, version: "2.7.0"}
+      ofed: {flavor: doca, version: "2.9.1"}
     repositories:
       cuda: {url: "http://m/cuda", key: k.gpg}
       doca: {url: "http://m/doca", key: k.gpg}
@@ -279,3 +279,19 @@ def test_blackwell_needs_open_modules() -> None:
                         'driver: {version: "570.124.06", kernel_modules: proprietary}').replace(
         "H100-SXM5-80GB", "B200-SXM-180GB")
     assert ("COMPAT-GPU-DRIVER", 3, 51, "error") in diags(text)
+
+
+def test_leaf_uplinks_beyond_spine_ports() -> None:
+    two_tier = BASE.replace("{name: leaf1, ports: 64, uplinks: 0}",
+                            "{name: leaf1, ports: 64, uplinks: 32}\n  - {name: \"spine[1-2]\", tier: spine, ports: 15}")
+    [d] = [d for d in load_text(two_tier, "c.yaml").diagnostics if d.rule == "TIER-PORTS-EXCEEDED"]
+    assert d.severity == "error" and "32 uplinks" in d.message and "only 30 ports" in d.message
+    assert "TIER-PORTS-EXCEEDED" not in rules_of(two_tier.replace("ports: 15}", "ports: 16}"))
+
+
+def test_doca_release_outside_the_ofed_table_warns_unless_site_says() -> None:
+    old = BASE.replace('version: "2.9.1"}', 'version: "2.7.0"}')
+    [d] = [d for d in load_text(old, "c.yaml").diagnostics if d.rule == "COMPAT-DOCA-UNKNOWN"]
+    assert d.severity == "warning" and "DOCA 2.7.0" in d.message and "doca_ofed_ofed_version" in d.hint
+    told = old + "site_vars:\n  doca_ofed_ofed_version: \"24.04-0.6.6.0\"\n"
+    assert "COMPAT-DOCA-UNKNOWN" not in rules_of(told)

@@ -1,0 +1,159 @@
+#!/usr/bin/python3
+"""Print, as one JSON object, what is installed on this node (the provisioner manifest role's gatherer).
+
+Read-only: it runs dpkg-query, apt-mark, ofed_info and lsmod and reads /etc/os-release, /proc and
+/sys/class/infiniband. Every value comes from the node itself, never from the cluster spec, so that
+comparing manifests across nodes (and with the spec) shows what really is there. The output has no
+timestamp: the same node state always gives the same bytes, which keeps the role idempotent.
+
+Usage: manifest_gather.py [--module-regex REGEX] PATTERN...   (dpkg-query name patterns)
+Standard library only (runs with the node's python3).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+SCHEMA = 1
+SYSFS_IB = "/sys/class/infiniband"
+TIMEOUT_S = 60
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    """rc and stdout of a command; 127 when it does not exist (a node without OFED has no ofed_info)."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        return 127, ""
+    except subprocess.TimeoutExpired:
+        return 124, ""
+    return done.returncode, done.stdout
+
+
+def read(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def os_release() -> dict[str, str]:
+    """ID, VERSION_ID and PRETTY_NAME from /etc/os-release."""
+    out: dict[str, str] = {}
+    for line in (read("/etc/os-release") or "").splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key in ("ID", "VERSION_ID", "VERSION_CODENAME", "PRETTY_NAME"):
+            out[key.lower()] = value.strip().strip('"')
+    return out
+
+
+def packages(patterns: list[str]) -> tuple[dict[str, str], list[str]]:
+    """Installed packages matching the patterns: {name: version}, and those of them on hold.
+
+    dpkg-query exits 1 when a pattern matches nothing; what it printed for the others still counts.
+    The status abbreviation's first letter is the selection (h = hold), the second the state (i = installed).
+    """
+    rc, text = run(["dpkg-query", "-W", "-f=${Package}\t${Version}\t${db:Status-Abbrev}\n", "--", *patterns])
+    if rc not in (0, 1):
+        return {}, []
+    found: dict[str, str] = {}
+    held: list[str] = []
+    for line in text.splitlines():
+        parts = line.split("\t")
+        if len(parts) != 3 or len(parts[2]) < 2 or parts[2][1] != "i":
+            continue
+        found[parts[0]] = parts[1]
+        if parts[2][0] == "h":
+            held.append(parts[0])
+    return dict(sorted(found.items())), sorted(held)
+
+
+def holds() -> list[str]:
+    """Every package on hold (apt-mark showhold), not only the managed ones: a stray hold blocks upgrades."""
+    rc, text = run(["apt-mark", "showhold"])
+    return sorted({ln.strip() for ln in text.splitlines() if ln.strip()}) if rc == 0 else []
+
+
+def ofed() -> str | None:
+    """`ofed_info -s` without the trailing colon (OFED-internal-24.10-1.1.4.0 / MLNX_OFED_LINUX-23.10-...)."""
+    rc, text = run(["ofed_info", "-s"])
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line.rstrip(":") if rc == 0 and line else None
+
+
+def modules(regex: str) -> dict[str, str | None]:
+    """Loaded modules matching ``regex`` (from lsmod, which the lab simulates) and their version if sysfs has it."""
+    pattern = re.compile(regex)
+    rc, text = run(["lsmod"])
+    names = [ln.split()[0] for ln in text.splitlines()[1:] if ln.strip()] if rc == 0 else []
+    return {n: read(f"/sys/module/{n}/version") for n in sorted(set(names)) if pattern.match(n)}
+
+
+def guid_hex(colon: str | None) -> str | None:
+    """'0c42:a103:0067:fa10' → '0x0c42a1030067fa10' (the form ibstat and the spec use)."""
+    if not colon:
+        return None
+    digits = colon.replace(":", "").lower()
+    return "0x" + digits if re.fullmatch(r"[0-9a-f]{16}", digits) else None
+
+
+def port_guid(gid0: str | None) -> str | None:
+    """The port GUID is the interface ID, the low 64 bits of GID index 0 (fe80::/64 + GUID)."""
+    if not gid0:
+        return None
+    groups = gid0.split(":")
+    return guid_hex(":".join(groups[4:8])) if len(groups) == 8 else None
+
+
+def hcas() -> dict[str, dict[str, object]]:
+    """Per RDMA device: firmware, board, node GUID and per port the GUID and link layer."""
+    try:
+        devices = sorted(os.listdir(SYSFS_IB))
+    except OSError:
+        return {}
+    out: dict[str, dict[str, object]] = {}
+    for dev in devices:
+        base = os.path.join(SYSFS_IB, dev)
+        ports: dict[str, dict[str, str | None]] = {}
+        try:
+            port_names = sorted(os.listdir(os.path.join(base, "ports")), key=lambda p: int(p) if p.isdigit() else 0)
+        except OSError:
+            port_names = []
+        for port in port_names:
+            pdir = os.path.join(base, "ports", port)
+            ports[port] = {"port_guid": port_guid(read(os.path.join(pdir, "gids", "0"))),
+                           "link_layer": read(os.path.join(pdir, "link_layer"))}
+        out[dev] = {"fw_ver": read(os.path.join(base, "fw_ver")), "board_id": read(os.path.join(base, "board_id")),
+                    "node_guid": guid_hex(read(os.path.join(base, "node_guid"))), "ports": ports}
+    return out
+
+
+def main(argv: list[str]) -> int:
+    regex = r"^(nvidia|nvidia_[a-z_]+|ib_[a-z_]+|mlx5_[a-z_]+)$"
+    args = list(argv)
+    if len(args) >= 2 and args[0] == "--module-regex":
+        regex, args = args[1], args[2:]
+    installed, managed_held = packages(args)
+    doc = {
+        "schema": SCHEMA,
+        "hostname": read("/proc/sys/kernel/hostname"),
+        "os": os_release(),
+        "kernel": read("/proc/sys/kernel/osrelease"),
+        "packages": installed,
+        "holds": sorted(set(holds()) | set(managed_held)),
+        "ofed": ofed(),
+        "modules": modules(regex),
+        "hcas": hcas(),
+    }
+    json.dump(doc, sys.stdout, sort_keys=True)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
