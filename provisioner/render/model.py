@@ -60,6 +60,30 @@ def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
     return env
 
 
+def _roce_profile_vars(cluster: Cluster, node: Node) -> dict[str, Any]:
+    """roce_qos_ports of a profile: its Ethernet ports, on a RoCE fabric only (nothing otherwise)."""
+    if cluster.spec.fabric.type != "roce":
+        return {}
+    return {"roce_qos_ports": [{"device": p.device, "port": p.port, "netdev": p.netdev}
+                               for p in node.ports if p.link_layer == "ethernet"]}
+
+
+def _roce_tos(dscp: int, ecn: bool) -> int:
+    """RDMA-CM ToS byte: DSCP in the top six bits, ECT(0) in the low two when ECN is on (26 -> 106, the value
+    NVIDIA's RoCE configuration guides use with ``cma_roce_tos``)."""
+    return (dscp << 2) | (0b10 if ecn else 0)
+
+
+def _roce_vars(cluster: Cluster) -> dict[str, Any]:
+    """The roce_qos role's settings from fabric.roce; empty off RoCE so InfiniBand inventories stay as they were."""
+    roce = cluster.spec.fabric.roce
+    if cluster.spec.fabric.type != "roce" or roce is None:
+        return {}
+    return {"roce_qos_enabled": True, "roce_qos_trust": roce.trust, "roce_qos_pfc_priority": roce.pfc_priority,
+            "roce_qos_ecn": bool(roce.ecn), "roce_qos_dscp": roce.dscp,
+            "roce_qos_tos": _roce_tos(roce.dscp, bool(roce.ecn)), "roce_qos_mtu": roce.mtu}
+
+
 def build_inventory(cluster: Cluster) -> Inventory:
     spec = cluster.spec
     inv = Inventory()
@@ -134,6 +158,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
                                              if spec.software.fabric_manager is not None else n.nvswitch),
             "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),
             "nccl_conf": _nccl_env(cluster, n),
+            **_roce_profile_vars(cluster, n),
         }
 
     for n in cluster.nodes:
@@ -203,6 +228,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "opensm_default_partition": spec.fabric.default_partition,
         "provisioner_roce": spec.fabric.roce.model_dump() if spec.fabric.roce else None,
         "provisioner_verify": spec.verify.model_dump(),
+        **_roce_vars(cluster),
     }
     if key_file:
         allv["ansible_ssh_private_key_file"] = key_file
