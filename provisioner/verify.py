@@ -13,6 +13,7 @@ run).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -22,18 +23,19 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.errors import ParseError, UsageError
-from provisioner.fabric import bandwidth, baseline, cabling, gpudirect, links, nccl, versions
-from provisioner.fabric.findings import CheckResult, Finding
+from provisioner.fabric import bandwidth, baseline, cabling, gpudirect, links, nccl, sm_verify, storage, versions
+from provisioner.fabric.findings import CheckResult, Finding, Value
 from provisioner.fabric.nhc import export_nhc
 from provisioner.fabric.perftest import PerftestSettings
+from provisioner.fabric.sm import SmInfo, sminfo_result
 from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluster
 from provisioner.report import VerifyReport, to_html, to_json, to_junit
-from provisioner.spec.cluster import Cluster
+from provisioner.spec.cluster import Cluster, Node
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
-ALL_TESTS = ("links", "versions", "bandwidth", "gpudirect", "nccl", "cabling")
+ALL_TESTS = ("links", "versions", "sm", "bandwidth", "gpudirect", "nccl", "cabling", "storage")
 PROBE_TIMEOUT_S = 30.0
 NCCL_TIMEOUT_S = 900.0
 
@@ -67,7 +69,9 @@ def select_tests(cluster: Cluster, only: Iterable[str] | None) -> list[str]:
         return [t for t in ALL_TESTS if t in chosen]
     wanted: set[str] = set(cluster.spec.verify.tests)
     if "links" in wanted:
-        wanted.add("versions")
+        wanted.update(("versions", "sm"))
+    if not storage.expected_mounts(cluster):
+        wanted.discard("storage")  # on by default, but a spec without NFS/Lustre mounts has nothing to check
     return [t for t in ALL_TESTS if t in wanted]
 
 
@@ -100,6 +104,10 @@ class _Verifier:
         self.line_rate: dict[int, float] = {}
         self.nccl_busbw: float | None = None
         self._ibstat: dict[str, dict[str, Any]] | None = None
+        self._ibstatus: dict[str, dict[str, Any]] = {}
+        self._counters: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
+        self._links_at: dict[str, int] = {}
+        """node -> index in ``checks`` of its links result (rebuilt when the counters are re-read)."""
 
     def on_all(self, argv: Sequence[str], nodes: Sequence[str] | None = None) -> dict[str, Completed]:
         names = list(nodes) if nodes is not None else [n.name for n in self.cluster.nodes]
@@ -107,14 +115,19 @@ class _Verifier:
 
     # -- links, versions -------------------------------------------------------------------------------
     def ibstat(self) -> dict[str, dict[str, Any]]:
+        """ibstat per node, from the links probe (which also brings ibstatus and the port counters along)."""
         if self._ibstat is None:
             self._ibstat = {}
-            for node, done in self.on_all(["ibstat"]).items():
-                parsed, why = _parsed("ibstat", done)
+            for node, done in self.on_all(["sh", "-c", links.PROBE_SCRIPT]).items():
+                ibstat_text, status_text, counters_text = links.split_probe(done.stdout)
+                parsed, why = _parsed("ibstat", done._replace(stdout=ibstat_text))
                 if parsed is None:
                     self.checks.append(CheckResult.could_not_run(links.CHECK, node, why))
-                else:
-                    self._ibstat[node] = parsed
+                    continue
+                self._ibstat[node] = parsed
+                with contextlib.suppress(ParseError):  # no ibstatus: rate_cause falls back to explain_rate
+                    self._ibstatus[node] = parse("ibstatus", status_text)
+                self._counters[node] = links.parse_counters(counters_text)
         return self._ibstat
 
     def links(self) -> None:
@@ -122,12 +135,35 @@ class _Verifier:
         for node in self.cluster.nodes:
             if node.name in observed:
                 obs = observed[node.name]
-                self.checks.append(CheckResult.from_findings(
-                    links.CHECK, node.name, links.port_findings(node, obs),
-                    {"ports_expected": len(node.ports)}))
+                self._links_at[node.name] = len(self.checks)
+                self.checks.append(self._links_result(node, None))
                 self.inventory[node.name] = links.port_guids(obs)
         sm = links.sm_lid_findings(self.cluster.nodes, observed)
         self.checks.append(CheckResult.from_findings("sm_lid", None, sm))
+
+    def _links_result(self, node: Node, after: dict[tuple[str, int], dict[str, int]] | None) -> CheckResult:
+        found = links.port_findings(node, self.ibstat()[node.name], self._ibstatus.get(node.name))
+        found += links.counter_findings(node, self._counters.get(node.name, {}), after)
+        measured: dict[str, Value] = {"ports_expected": len(node.ports),
+                                      "counters_read": "start and end" if after is not None else "start"}
+        return CheckResult.from_findings(links.CHECK, node.name, found, measured)
+
+    def links_counters_again(self) -> None:
+        """Re-read the port counters at the end of the run; ports whose flap counters grew become errors.
+
+        Only nodes whose counters could be read at the start are asked again (one more round trip); a node
+        that does not answer now keeps its start-of-run result and gets a note.
+        """
+        nodes = [n for n in self.cluster.nodes if n.name in self._links_at and self._counters.get(n.name)]
+        if not nodes:
+            return
+        done = self.on_all(["sh", "-c", links.COUNTERS_SCRIPT], [n.name for n in nodes])
+        for node in nodes:
+            after = links.parse_counters(done[node.name].stdout)
+            if not after:
+                self.notes.append(f"links: port counters of {node.name} could not be re-read at the end of the run")
+                continue
+            self.checks[self._links_at[node.name]] = self._links_result(node, after)
 
     def versions_check(self) -> None:
         observed: dict[str, dict[str, str | None]] = {}
@@ -152,6 +188,40 @@ class _Verifier:
             row.update({f"firmware {d}": v for d, v in fw.get(node, {}).items()})
             self.versions[node] = row
 
+    def subnet_manager(self) -> None:
+        """``sminfo`` (the master) and ``sminfo <lid>`` per spec SM node, asked from one node that answered."""
+        if not any(p.link_layer == "infiniband" for n in self.cluster.nodes for p in n.ports):
+            return  # Ethernet/RoCE: no subnet manager to check
+        observed = self.ibstat()
+        compute = [n.name for n in self.cluster.nodes_with_role("compute")]
+        order = [n for n in compute if n in observed] + sorted(observed)
+        if not order:
+            self.checks.append(CheckResult.could_not_run(sm_verify.CHECK, None, "no node answered ibstat"))
+            return
+        host = order[0]
+        try:
+            master = self._sminfo(host, [])
+            own = {s.node: self._sminfo(host, [str(s.lid)])
+                   for s in sm_verify.planned_sms(self.cluster, observed) if s.lid}
+        except ParseError as exc:
+            self.checks.append(CheckResult.could_not_run(sm_verify.CHECK, None, f"{host}: {exc.message}"))
+            return
+        found = sm_verify.sm_findings(self.cluster, observed, master, own, host)
+        measured = {"queried_on": host, "master_lid": master.lid if master else None,
+                    "master_guid": master.guid if master else None}
+        self.checks.append(CheckResult.from_findings(sm_verify.CHECK, None, found, measured))
+
+    def _sminfo(self, host: str, args: list[str]) -> SmInfo | None:
+        done = self.remote.run_many({host: ["sminfo", *args]}, timeout=PROBE_TIMEOUT_S)[host]
+        if done.timed_out:
+            raise ParseError(f"sminfo {' '.join(args)} timed out")
+        try:  # sminfo's own "no answer" exits 255 (ibexit), which Completed also uses for an unreachable host
+            return sminfo_result(done.rc, done.stdout, done.stderr)
+        except ParseError:
+            if done.unreachable:
+                raise ParseError(f"unreachable: {done.stderr.strip()}") from None
+            raise
+
     # -- bandwidth, gpudirect, nccl ----------------------------------------------------------------------
     def numactl(self) -> dict[str, bool]:
         done = self.on_all(["sh", "-c", "command -v numactl"])
@@ -167,15 +237,16 @@ class _Verifier:
         self.line_rate = out.line_rate
         self.notes += out.notes
 
-    def gpudirect(self, numactl: Mapping[str, bool]) -> None:
+    def gpudirect(self, numactl: Mapping[str, bool], mode: str | None) -> None:
         nodes = [n.name for n in gpudirect.gpu_nodes(self.cluster)]
         lsmod = {n: _parsed("lsmod", d)[0] for n, d in self.on_all(["lsmod"], nodes).items()}
         smi = self.on_all(["nvidia-smi", "topo", "-m"], nodes)
         topo = {n: _parsed("nvidia-smi-topo", d)[0] for n, d in smi.items()}
         cfg = self.cluster.spec.verify.bandwidth
         settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
-        runner = bandwidth.ssh_runner(self.remote, self.cluster, numactl, settings, use_cuda=True)
-        self.checks += gpudirect.check_gpudirect(self.cluster, lsmod, topo, runner)
+        runner = bandwidth.ssh_runner(self.remote, self.cluster, numactl, settings, use_cuda=True,
+                                      cuda_gpu=gpudirect.nic_gpus(self.cluster, topo))
+        self.checks += gpudirect.check_gpudirect(self.cluster, lsmod, topo, runner, mode)
 
     def nccl(self) -> None:
         gpu_nodes = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
@@ -212,6 +283,14 @@ class _Verifier:
             if len(reasons) >= 3:
                 break
         self.checks.append(CheckResult.could_not_run(cabling.CHECK, None, "; ".join(reasons)))
+
+
+    # -- storage ----------------------------------------------------------------------------------------------
+    def shared_storage(self) -> None:
+        if not storage.expected_mounts(self.cluster):
+            self.checks.append(CheckResult.could_not_run(storage.CHECK, None, "the spec lists no NFS or Lustre mounts"))
+            return
+        self.checks += storage.check_storage(self.cluster, self.remote)
 
 
 def write_reports(report: VerifyReport, directory: Path, inventory: Mapping[str, Mapping[str, str]]) -> None:
@@ -254,19 +333,28 @@ def verify(
         if "versions" in chosen:
             progress("versions: driver, CUDA, NCCL, OFED, firmware")
             v.versions_check()
+        if "sm" in chosen:
+            progress("sm: the spec's master SM is master, every planned SM answers (sminfo)")
+            v.subnet_manager()
         numactl = v.numactl() if {"bandwidth", "gpudirect"} & set(chosen) else {}
         if "bandwidth" in chosen:
             progress(f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)")
             v.bandwidth(numactl, mode)
         if "gpudirect" in chosen:
             progress("gpudirect: nvidia_peermem, GPU–NIC affinity, ib_write_bw --use_cuda")
-            v.gpudirect(numactl)
+            v.gpudirect(numactl, mode)
         if "nccl" in chosen:
             progress("nccl: all_reduce_perf across the compute nodes")
             v.nccl()
         if "cabling" in chosen:
             progress("cabling: iblinkinfo against the spec's cabling")
             v.cabling()
+        if "storage" in chosen:
+            progress("storage: mounts, a file round trip, the exports (user space where no kernel client)")
+            v.shared_storage()
+        if "links" in chosen:
+            progress("links: port counters again (a port whose link_downed grew during the run fails)")
+            v.links_counters_again()
     finally:
         if own and isinstance(rem, SshRemote):
             rem.close()

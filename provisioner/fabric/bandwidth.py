@@ -194,9 +194,13 @@ def check_bandwidth(cluster: Cluster, runner: PairRunner, mode: str | None = Non
 
 def ssh_runner(
     remote: Remote, cluster: Cluster, numactl: Mapping[str, bool], settings: PerftestSettings | None = None,
-    *, use_cuda: bool = False,
+    *, use_cuda: bool = False, cuda_gpu: Mapping[tuple[str, str], int] | None = None,
 ) -> PairRunner:
-    """A :data:`PairRunner` that runs ib_write_bw over ``remote`` (TCP port 18515 + rail)."""
+    """A :data:`PairRunner` that runs ib_write_bw over ``remote`` (TCP port 18515 + rail).
+
+    With ``use_cuda`` each end uses the GPU ``cuda_gpu[(node, device)]`` (from ``nvidia-smi topo -m``), else
+    the spec's ``gpu:`` of that port.
+    """
     cfg = cluster.spec.verify.bandwidth
     st = settings or PerftestSettings(size=cfg.message_size, duration=cfg.duration)
 
@@ -205,7 +209,9 @@ def ssh_runner(
         s_port, c_port = rail_port(s_node, rail), rail_port(c_node, rail)
         if s_port is None or c_port is None:
             return PairRun(None, f"rail {rail} missing on {server if s_port is None else client} in the spec")
-        cuda = (s_port.gpu, c_port.gpu) if use_cuda and s_port.gpu is not None and c_port.gpu is not None else None
+        gpus = cuda_gpu or {}
+        s_gpu, c_gpu = gpus.get((server, s_port.device), s_port.gpu), gpus.get((client, c_port.device), c_port.gpu)
+        cuda = (s_gpu, c_gpu) if use_cuda and s_gpu is not None and c_gpu is not None else None
         return run_pair(remote, (server, s_port, numactl.get(server, False)),
                         (client, c_port, numactl.get(client, False)), s_node.address, st,
                         BASE_TCP_PORT + rail, use_cuda=cuda)

@@ -90,6 +90,9 @@ class CheckResult:
 
     ``error`` is set when the check could not run at all (node unreachable, tool missing); such a result
     has ``passed=False`` and says nothing about the hardware, which is why the verdict counts it apart.
+    ``skipped`` (the reason) marks what was looked at and found impossible on this node by the site's own
+    declaration (e.g. a storage mount on a node whose kernel has no NFS client and whose site says it need
+    not have one): not passed, not failed, and it does not change the exit code.
     """
 
     name: str
@@ -98,10 +101,15 @@ class CheckResult:
     findings: tuple[Finding, ...] = ()
     measurements: Mapping[str, Value] = field(default_factory=dict)
     error: str | None = None
+    skipped: str | None = None
 
     def __post_init__(self) -> None:
         if self.error is not None and self.passed:
             raise ValueError(f"check {self.name!r} could not run ({self.error}) and cannot have passed")
+        if self.skipped is not None and (self.passed or self.error is not None
+                                         or any(f.severity == "error" for f in self.findings)):
+            raise ValueError(f"check {self.name!r} was skipped ({self.skipped}): it cannot have passed, "
+                             "failed or not run")
         if self.passed and any(f.severity == "error" for f in self.findings):
             raise ValueError(f"check {self.name!r} has error findings and cannot have passed")
 
@@ -128,6 +136,13 @@ class CheckResult:
         """A check that never produced a measurement (the hardware state stays unknown)."""
         return cls(name=name, node=node, passed=False, error=reason)
 
+    @classmethod
+    def skip(cls, name: str, node: str | None, reason: str, findings: Iterable[Finding] = (),
+             measurements: Mapping[str, Value] | None = None) -> CheckResult:
+        """A check that cannot apply here (``reason`` says why); findings may only inform or warn."""
+        return cls(name=name, node=node, passed=False, findings=tuple(findings),
+                   measurements=dict(measurements or {}), skipped=reason)
+
     @property
     def ran(self) -> bool:
         return self.error is None
@@ -138,6 +153,7 @@ class CheckResult:
             "node": self.node,
             "passed": self.passed,
             "error": self.error,
+            "skipped": self.skipped,
             "measurements": {k: self.measurements[k] for k in sorted(self.measurements)},
             "findings": [f.to_dict() for f in self.findings],
         }
@@ -149,7 +165,8 @@ class Verdict:
 
     Exit codes: 0 every check ran and no error finding; 1 at least one error finding (the fabric is known to
     be wrong, which is the more useful news even if some other check could not run); 2 no error finding but
-    at least one check could not run (the fabric is not proven either way).
+    at least one check could not run (the fabric is not proven either way). Skipped checks are counted
+    apart and leave the exit code alone (what the site declared impossible is neither proven nor failed).
     """
 
     passed: int
@@ -158,6 +175,7 @@ class Verdict:
     errors: int
     warnings: int
     infos: int
+    skipped: int = 0
 
     @classmethod
     def of(cls, results: Iterable[CheckResult]) -> Verdict:
@@ -165,11 +183,12 @@ class Verdict:
         findings = [f for r in res for f in r.findings]
         return cls(
             passed=sum(1 for r in res if r.passed),
-            failed=sum(1 for r in res if not r.passed and r.ran),
+            failed=sum(1 for r in res if not r.passed and r.ran and r.skipped is None),
             could_not_run=sum(1 for r in res if not r.ran),
             errors=sum(1 for f in findings if f.severity == "error"),
             warnings=sum(1 for f in findings if f.severity == "warning"),
             infos=sum(1 for f in findings if f.severity == "info"),
+            skipped=sum(1 for r in res if r.skipped is not None),
         )
 
     @property
@@ -194,4 +213,5 @@ class Verdict:
             "errors": self.errors,
             "warnings": self.warnings,
             "infos": self.infos,
+            "skipped": self.skipped,
         }

@@ -8,13 +8,17 @@ bandwidth), so a missing module is an error when ``gpudirect.required`` (the def
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
+from provisioner.fabric import bandwidth
 from provisioner.fabric.findings import CheckResult, Finding, Severity
 from provisioner.fabric.perftest import PairRun
+from provisioner.fabric.schedule import PairResult, verdict_findings
 from provisioner.spec.cluster import Cluster, Node
 
 CHECK = "gpudirect"
+BW_CHECK = "gpudirect_bandwidth"
 PEERMEM = "nvidia_peermem"
 
 #: (server, client, rail) → outcome of ``ib_write_bw --use_cuda`` on that rail's GPU–NIC pair.
@@ -63,30 +67,70 @@ def topology_findings(node: Node, topo: Mapping[str, Any]) -> list[Finding]:
     return found
 
 
-def gdr_pair_findings(cluster: Cluster, a: str, b: str, runner: GdrRunner) -> tuple[list[Finding], dict[str, float]]:
-    """``ib_write_bw --use_cuda`` per rail GPU–NIC pair from ``a`` (server) to ``b`` (client)."""
+def gpu_count_findings(node: Node, topo: Mapping[str, Any]) -> list[Finding]:
+    """An error when ``nvidia-smi topo -m`` lists fewer GPUs than the spec (a GPU fell off the bus)."""
+    seen = [str(g) for g in topo.get("gpus", [])]
+    if not node.gpu_count or len(seen) >= node.gpu_count:
+        return []
+    missing = [f"GPU{i}" for i in range(node.gpu_count) if f"GPU{i}" not in seen]
+    return [Finding(
+        CHECK, "error", node.name, None, None, node.gpu_count, len(seen),
+        f"{node.name}: nvidia-smi shows {len(seen)} of {node.gpu_count} GPUs"
+        + (f" ({', '.join(missing)} missing)" if missing else ""),
+        "a GPU that fell off the bus: nvidia-smi -q, dmesg | grep -i xid, lspci | grep -i nvidia; reseat or "
+        "replace it (NCCL jobs with one rank per GPU fail on this node)",
+    )]
+
+
+def nic_gpus(cluster: Cluster, topo: Mapping[str, Mapping[str, Any] | None]) -> dict[tuple[str, str], int]:
+    """(node, device) → the GPU to test with: the spec's when topo confirms it, else the nearest by topo.
+
+    ``nvidia-smi topo -m`` decides (what NCCL will pair); the spec's pairing is the fallback when the node gave
+    no usable matrix. A disagreement is reported by :func:`topology_findings`.
+    """
+    out: dict[tuple[str, str], int] = {}
+    for node in gpu_nodes(cluster):
+        tp = topo.get(node.name) or {}
+        affinity: Mapping[str, list[str]] = tp.get("gpu_nic_affinity", {})
+        names: Mapping[str, str] = tp.get("nic_names", {})
+        for p in node.rail_ports:
+            near = sorted(int(g[3:]) for g, nics in affinity.items()
+                          if g[3:].isdigit() and p.device in [names.get(n, n) for n in nics])
+            if p.gpu is not None and (not near or p.gpu in near):
+                out[(node.name, p.device)] = p.gpu
+            elif near:
+                out[(node.name, p.device)] = near[0]
+    return out
+
+
+def gdr_bandwidth(cluster: Cluster, runner: GdrRunner, mode: str | None = None) -> CheckResult:
+    """``ib_write_bw --use_cuda`` per rail GPU–NIC pair between the GPU nodes, scheduled and localised like
+    the host-memory bandwidth check, so a node without GPUDirect is named (not whichever node served)."""
     cfg = cluster.spec.verify.gpudirect
-    sev: Severity = "error" if cfg.required else "warning"
+    nodes = [n for n in gpu_nodes(cluster)]
+    if len(nodes) < 2:
+        return CheckResult.could_not_run(BW_CHECK, None, "needs two GPU nodes with rails")
+    rates = bandwidth.line_rates(nodes)
+    devices = {p.rail: p.device for n in nodes for p in n.rail_ports if p.rail is not None}
+    measured: list[PairResult] = []
     found: list[Finding] = []
-    figures: dict[str, float] = {}
-    for p in cluster.node(a).rail_ports:
-        if p.gpu is None or p.rail is None:
+    for names, rails in sorted(bandwidth.rail_groups(nodes).items()):
+        if len(names) < 2:
             continue
-        run = runner(a, b, p.rail)
-        floor = cfg.min_fraction * p.rate_gbps
-        if run.gbps is not None:
-            figures[f"rail{p.rail}_gpu{p.gpu}_gbps"] = run.gbps
-        if run.gbps is None or run.gbps < floor:
-            got = "no result" if run.gbps is None else f"{run.gbps:.1f} Gb/s"
-            found.append(Finding(
-                CHECK, sev, a, p.device, p.port, f">= {floor:.1f} Gb/s", got if run.gbps is None else run.gbps,
-                f"GPUDirect {a} GPU{p.gpu}/{p.device} → {b}: {got}, floor {floor:.1f} Gb/s "
-                f"({cfg.min_fraction:.0%} of {p.rate_gbps:g})" + (f": {run.detail}" if run.detail else ""),
-                "check nvidia_peermem on both nodes, PCIe ACS/IOMMU settings (ACS must be off on the GPU–NIC "
-                "switch path) and that the GPU and NIC share a PCIe switch",
-                rail=p.rail, peer=b,
-            ))
-    return found, figures
+        measure = bandwidth.make_measure(runner, rates, cfg.min_fraction, measured)
+        _, loc = bandwidth.run_schedule(names, rails, measure, mode or cluster.spec.verify.bandwidth.mode)
+        found += verdict_findings(loc, device_by_rail=devices)
+    found += bandwidth.unexplained_failures(measured, found, devices)
+    found += bandwidth.pair_detail_findings(measured, devices)
+    sev: Severity = "error" if cfg.required else "warning"
+    found = [replace(f, check=BW_CHECK, severity=sev if f.severity == "error" else f.severity,
+                     message=f"GPUDirect (--use_cuda) {f.message}") for f in found]
+    figures: dict[str, float | int] = {"pairs_tested": len(measured),
+                                       "pairs_passed": sum(1 for r in measured if r.passed)}
+    for r in measured:
+        if r.gbps is not None:
+            figures[f"rail{r.rail} {r.pair.server}->{r.pair.client} gbps"] = r.gbps
+    return CheckResult.from_findings(BW_CHECK, None, found, figures)
 
 
 def check_gpudirect(
@@ -94,6 +138,7 @@ def check_gpudirect(
     lsmod: Mapping[str, Mapping[str, Any] | None],
     topo: Mapping[str, Mapping[str, Any] | None],
     runner: GdrRunner | None,
+    mode: str | None = None,
 ) -> list[CheckResult]:
     """Per-node results (module, topology) and one cluster result for the GPU–NIC bandwidth pair."""
     required = cluster.spec.verify.gpudirect.required
@@ -106,12 +151,8 @@ def check_gpudirect(
             continue
         found = peermem_findings(node.name, mods, required)
         if tp is not None:
-            found += topology_findings(node, tp)
+            found += gpu_count_findings(node, tp) + topology_findings(node, tp)
         results.append(CheckResult.from_findings(CHECK, node.name, found))
-    if runner is not None and len(nodes) >= 2:
-        a, b = nodes[0].name, nodes[1].name
-        found, figures = gdr_pair_findings(cluster, a, b, runner)
-        results.append(CheckResult.from_findings(f"{CHECK}_bandwidth", None, found, {"pair": f"{a}->{b}", **figures}))
-    elif runner is not None:
-        results.append(CheckResult.could_not_run(f"{CHECK}_bandwidth", None, "needs two GPU nodes with rails"))
+    if runner is not None:
+        results.append(gdr_bandwidth(cluster, runner, mode))
     return results

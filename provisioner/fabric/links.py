@@ -1,13 +1,21 @@
-"""Link check: every port the spec names is present, Active/LinkUp, at its rate, with an SM LID, on the right layer.
+"""Link check: every port the spec names is present, Active/LinkUp, at its rate, with an SM LID, on the right layer,
+and has not been flapping or collecting bit errors.
 
-Input is the parsed ``ibstat`` of each node (``provisioner.parsers.parse("ibstat", text)``); the expected state
-comes from the spec's ports only, never from what a node shows today. ``ibstat`` prints no width, so a port
-that trained at fewer lanes shows up Active/LinkUp at a lower rate; :func:`explain_rate` names that case
-(width or speed) from the numbers, because "rate 200, expected 400" alone sends people to the wrong place.
+Input per node is one SSH round trip (:data:`PROBE_SCRIPT`): ``ibstat`` (state, rate, LIDs, GUIDs), ``ibstatus``
+(the sysfs ``rate`` line with width and speed: ``200 Gb/sec (2X NDR)``) and every
+``/sys/class/infiniband/<dev>/ports/<p>/counters/*`` file; :func:`split_probe` cuts it apart. The expected state
+comes from the spec's ports only, never from what a node shows today. ``ibstat`` prints no width, so a port that
+trained at fewer lanes shows up Active/LinkUp at a lower rate; ibstatus says which of width or speed is off, and
+:func:`explain_rate` guesses from the numbers where ibstatus is missing.
+
+Counters are read at the start of ``verify`` and again at its end (:func:`counter_findings`): counts from before
+the run are history (a warning: the port flapped at some point since the counters were cleared), counts that grow
+while verify runs are an error (the link is bouncing now, under the traffic verify itself sent).
 """
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -17,6 +25,31 @@ from provisioner.spec.catalog import IB_SPEEDS, WIDTHS
 from provisioner.spec.cluster import Node, Port
 
 CHECK = "links"
+
+IBSTATUS_MARK = "--- provisioner links: ibstatus ---"
+COUNTERS_MARK = "--- provisioner links: counters ---"
+COUNTERS_SCRIPT = "grep -Hs . /sys/class/infiniband/*/ports/*/counters/* 2>/dev/null; true"
+"""Every port counter as ``<path>:<value>`` lines (grep -H), unreadable files skipped (-s): one command for
+any number of HCAs, and a missing ``counters`` directory yields no line rather than an error."""
+PROBE_SCRIPT = (f"ibstat; rc=$?; echo '{IBSTATUS_MARK}'; ibstatus 2>&1; echo '{COUNTERS_MARK}'; "
+                f"{COUNTERS_SCRIPT}; exit $rc")
+"""The links probe, run with ``sh -c``: ibstat, ibstatus and the counters in one round trip. The exit status
+is ibstat's, so an unreachable or broken node reads as before."""
+
+FLAP_COUNTERS = ("link_downed", "link_error_recovery")
+ERROR_THRESHOLDS: dict[str, int] = {
+    "symbol_error": 10,
+    "port_rcv_errors": 10,
+    "local_link_integrity_errors": 0,
+    "excessive_buffer_overrun_errors": 0,
+    "port_rcv_remote_physical_errors": 100,
+    "port_xmit_discards": 100,
+}
+"""Warn when a counter is above this. ibqueryerrors reports anything above 0; here a handful of symbol/receive
+errors is allowed (a link that retrained once logs some), while the 4-bit integrity/overrun counters are
+reported at once. Remote physical errors and transmit discards are mostly caused elsewhere (a bad link
+upstream, congestion, a port that was down with packets queued), hence the higher bar."""
+_COUNTER_RE = re.compile(r"^\S*/infiniband/([^/\s]+)/ports/(\d+)/counters/([A-Za-z0-9_]+):\s*(\d+)\s*$")
 
 #: Data rate per lane and lanes per width: the catalog's tables (FDR 14, EDR 25, HDR 50, NDR 100, XDR 200).
 LANE_GBPS: dict[str, float] = {k: v for k, v in IB_SPEEDS.items() if k != "FDR10"}
@@ -36,14 +69,18 @@ def explain_rate(expected_gbps: float, observed_gbps: float, width: str) -> str:
     """
     lanes = WIDTH_LANES.get(width, 4)
     lane = expected_gbps / lanes
+    narrow = ""
     for k in sorted((w for w in set(WIDTH_LANES.values()) if w < lanes), reverse=True):
         if abs(observed_gbps - lane * k) < 0.01:
             speed = _speed_name(lane)
-            return f"width degraded to {k}X (lanes at {speed or f'{lane:g} Gb/s'} as expected)"
-    speed = _speed_name(observed_gbps / lanes)
-    if speed:
-        return f"speed degraded to {speed} ({width} at {observed_gbps / lanes:g} Gb/s per lane)"
-    return "rate below the spec"
+            narrow = f"width degraded to {k}X (lanes at {speed or f'{lane:g} Gb/s'} as expected)"
+            break
+    slow_speed = _speed_name(observed_gbps / lanes)
+    slow = f"speed degraded to {slow_speed} ({width} at {observed_gbps / lanes:g} Gb/s per lane)" if slow_speed else ""
+    if narrow and slow:
+        # e.g. NDR 2X and HDR 4X are both 200 Gb/s: the rate alone cannot tell them apart, so say both.
+        return f"{narrow} or {slow}; ibstat cannot tell which (ibstatus or mlxlink shows width and speed)"
+    return narrow or slow or "rate below the spec"
 
 
 def _ports_by_key(ibstat: Mapping[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
@@ -69,9 +106,60 @@ def _f(node: str, port: Port, severity: Severity, expected: Any, observed: Any, 
     )
 
 
-def port_findings(node: Node, ibstat: Mapping[str, Any]) -> list[Finding]:
-    """Findings for one node's ports (empty when every spec port is as the spec says)."""
+def split_probe(stdout: str) -> tuple[str, str, str]:
+    """The :data:`PROBE_SCRIPT` output cut into (ibstat, ibstatus, counters) text; a missing part is ""."""
+    head, _, rest = stdout.partition(IBSTATUS_MARK + "\n")
+    if not rest and IBSTATUS_MARK not in stdout:
+        return stdout, "", ""
+    status, _, counters = rest.partition(COUNTERS_MARK + "\n")
+    return head, status, counters
+
+
+def parse_counters(text: str) -> dict[tuple[str, int], dict[str, int]]:
+    """``grep -H`` lines of ``counters/*`` files -> {(device, port): {counter: value}}.
+
+    Lines that are not ``<sysfs path>:<number>`` are skipped: the kernel prints ``N/A (no PMA)`` for a counter
+    it cannot read, and a port without a PMA has no usable counters at all.
+    """
+    out: dict[tuple[str, int], dict[str, int]] = {}
+    for line in text.splitlines():
+        m = _COUNTER_RE.match(line.strip())
+        if m:
+            out.setdefault((m.group(1), int(m.group(2))), {})[m.group(3)] = int(m.group(4))
+    return out
+
+
+def status_by_port(ibstatus: Mapping[str, Any] | None) -> dict[tuple[str, int], dict[str, Any]]:
+    """Parsed ``ibstatus`` records keyed by (device, port)."""
+    ports = (ibstatus or {}).get("ports", [])
+    return {(str(r.get("device")), int(r.get("port", 1))): r for r in ports}
+
+
+def rate_cause(port: Port, status: Mapping[str, Any] | None) -> str:
+    """Which of width and speed is below the spec, from ibstatus' ``rate: 200 Gb/sec (2X NDR)``; "" if unknown.
+
+    Exactly what to look for: a narrower width is a lane down (cable, transceiver, connector), a slower speed
+    a cable/transceiver of an older generation or a port forced to a lower speed.
+    """
+    if not status or not status.get("width") or not status.get("speed"):
+        return ""
+    expected_speed = _speed_name(port.rate_gbps / WIDTH_LANES.get(port.width, 4))
+    parts = []
+    if status["width"] != port.width:
+        parts.append(f"width {status['width']}, expected {port.width}")
+    if expected_speed and status["speed"] != expected_speed:
+        parts.append(f"speed {status['speed']}, expected {expected_speed}")
+    return "; ".join(parts)
+
+
+def port_findings(node: Node, ibstat: Mapping[str, Any], ibstatus: Mapping[str, Any] | None = None) -> list[Finding]:
+    """Findings for one node's ports (empty when every spec port is as the spec says).
+
+    ``ibstatus`` (parsed) names the cause of a low rate exactly (width or speed); without it the cause is
+    inferred from the rate.
+    """
     found: list[Finding] = []
+    status = status_by_port(ibstatus)
     for err in ibstat.get("errors", []):
         found.append(
             Finding(CHECK, "error", node.name, None, None, "ibstat output", "ibstat error", f"ibstat: {err}",
@@ -106,7 +194,7 @@ def port_findings(node: Node, ibstat: Mapping[str, Any]) -> list[Finding]:
             continue
         rate = obs.get("rate_gbps")
         if isinstance(rate, int | float) and rate < p.rate_gbps - 0.01:
-            why = explain_rate(p.rate_gbps, float(rate), p.width)
+            why = rate_cause(p, status.get((p.device, p.port))) or explain_rate(p.rate_gbps, float(rate), p.width)
             found.append(_f(
                 node.name, p, "error", p.rate_gbps, rate,
                 f"{p.device}/{p.port} runs at {rate:g} Gb/s, spec {p.rate_gbps:g} Gb/s {p.width}: {why}",
@@ -126,6 +214,63 @@ def port_findings(node: Node, ibstat: Mapping[str, Any]) -> list[Finding]:
             found.append(_f(node.name, p, "error", "SM LID set", obs.get("sm_lid"),
                             f"{p.device}/{p.port} has no SM LID: no subnet manager has swept this port",
                             "check the subnet manager (sminfo; systemctl status opensm)"))
+    return found
+
+
+def _flaps(counts: Mapping[str, int]) -> int:
+    return sum(counts.get(name, 0) for name in FLAP_COUNTERS)
+
+
+def _flap_finding(node: str, p: Port, before: Mapping[str, int], after: Mapping[str, int] | None) -> Finding | None:
+    """Error when link_downed/link_error_recovery grew during the run, warning when they were already > 0."""
+    if after is not None and _flaps(after) > _flaps(before):
+        moved = ", ".join(f"{n} {before.get(n, 0)} -> {after.get(n, 0)}" for n in FLAP_COUNTERS
+                          if after.get(n, 0) != before.get(n, 0))
+        return _f(node, p, "error", "no link drops during verify", moved,
+                  f"{p.device}/{p.port} flapped during this verify run ({moved})",
+                  "the link is unstable right now: reseat or replace the cable and transceiver, check the switch "
+                  "port (mlxlink -d <dev> shows lanes and errors). Counts that grow while verify runs are an error; "
+                  "counts from before the run alone are only a warning, since they may be an old, fixed event")
+    latest = after if after is not None else before
+    flaps = _flaps(latest)
+    if not flaps:
+        return None
+    detail = ", ".join(f"{n} {latest.get(n, 0)}" for n in FLAP_COUNTERS)
+    return _f(node, p, "warning", 0, flaps,
+              f"{p.device}/{p.port} flapped {flaps} times since the counters were last cleared ({detail})",
+              "the port is up now but went down or retrained before: if the counts grow, reseat or replace the "
+              "cable/transceiver; after a fix clear them (perfquery -R on the node) so the next verify starts at "
+              "zero. verify re-reads them at the end of the run and fails the port if they grow")
+
+
+def _error_finding(node: str, p: Port, counts: Mapping[str, int]) -> Finding | None:
+    """Warning naming every error counter above :data:`ERROR_THRESHOLDS`."""
+    over = {n: counts[n] for n, limit in ERROR_THRESHOLDS.items() if counts.get(n, 0) > limit}
+    if not over:
+        return None
+    text = ", ".join(f"{n} {v} (> {ERROR_THRESHOLDS[n]})" for n, v in over.items())
+    return _f(node, p, "warning", "error counters within thresholds", text,
+              f"{p.device}/{p.port} error counters above threshold: {text}",
+              "bit errors on a port that is up point at a marginal cable, transceiver or connector: check the BER "
+              "(mlxlink -d <dev> -c), reseat or replace, then clear the counters (perfquery -R)")
+
+
+def counter_findings(node: Node, before: Mapping[tuple[str, int], Mapping[str, int]],
+                     after: Mapping[tuple[str, int], Mapping[str, int]] | None = None) -> list[Finding]:
+    """Flap and error-counter findings for one node's spec ports.
+
+    ``before`` is read at the start of verify, ``after`` (None when not re-read) at its end. A port with no
+    counters (no PMA, an older kernel, a RoCE port without them) gets no finding.
+    """
+    found: list[Finding] = []
+    for p in node.ports:
+        start = before.get((p.device, p.port))
+        if start is None:
+            continue
+        end = after.get((p.device, p.port)) if after is not None else None
+        for finding in (_flap_finding(node.name, p, start, end), _error_finding(node.name, p, end or start)):
+            if finding is not None:
+                found.append(finding)
     return found
 
 

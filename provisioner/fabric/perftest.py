@@ -87,6 +87,10 @@ def read_result(rc: int, stdout: str, stderr: str) -> PairRun:
     return PairRun(float(parsed["bw_avg_gbps"]), "")
 
 
+CONNECT_ATTEMPTS = 3
+"""Client attempts while the server is not listening yet (perftest itself never retries)."""
+
+
 def run_pair(
     remote: Remote,
     server: tuple[str, Port, bool],
@@ -110,11 +114,16 @@ def run_pair(
     except RemoteError as exc:
         return PairRun(None, f"server {s_host} unreachable: {exc.message}")
     try:
-        sleep(settings.server_grace_s)
-        try:
-            done = remote.run(c_host, c_argv, timeout=budget)
-        except RemoteError as exc:
-            return PairRun(None, f"client {c_host} unreachable: {exc.message}")
+        for attempt in range(CONNECT_ATTEMPTS):
+            # The server needs a moment to listen (longer on a loaded node); a client that came too early
+            # fails at once with "Couldn't connect" and nothing ran, so trying again costs no accuracy.
+            sleep(settings.server_grace_s * (attempt + 1))
+            try:
+                done = remote.run(c_host, c_argv, timeout=budget)
+            except RemoteError as exc:
+                return PairRun(None, f"client {c_host} unreachable: {exc.message}")
+            if done.rc == 0 or "Couldn't connect" not in done.stdout + done.stderr:
+                break
         result = read_result(done.rc, done.stdout, done.stderr)
         srv = bg.wait(timeout=5 if done.rc == 0 else 1)
         if result.gbps is None and srv.rc not in (0, 124) and srv.stderr.strip():

@@ -9,6 +9,14 @@ only place that says what was negotiated, so the check reads ``/proc/mounts`` (`
 accepted too) and compares option by option. A mount that is present can still point at a stale or wrong
 export; the round trip (write a token on node A, read it on node B) proves both see the same data.
 
+Nodes that cannot mount at all: a site may declare, with the roles' own switches (``site_vars``
+``nfs_client_require_kernel_nfs: false``, ``lustre_client_require_kernel_support: false``), that its kernels need
+not have the client (the roles then write the units and skip the mount). A missing mount is then reported
+*skipped*, never passed, and only after the node's kernel was seen to lack the filesystem (a kernel that has it
+and still shows no mount fails as usual). For a skipped NFS mount the export is still checked for real, from
+user space: libnfs's ``nfs-cp``/``nfs-cat`` write a token over NFS from one client, read it back from another,
+and the server's own directory must hold it (``storage_export``).
+
 Everything here is a pure function of the spec and of tool output, except :func:`check_storage`, which only
 decides what to run where through a :class:`provisioner.remote.Remote`.
 """
@@ -24,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from provisioner.errors import ParseError
-from provisioner.fabric.findings import CheckResult, Finding, Value
+from provisioner.fabric.findings import CheckResult, Finding, Severity, Value
 from provisioner.remote import Completed, Remote
 from provisioner.spec.cluster import Cluster
 from provisioner.spec.rules import members
@@ -32,12 +40,24 @@ from provisioner.spec.rules import members
 CHECK = "storage"
 ROUNDTRIP_CHECK = "storage_roundtrip"
 THROUGHPUT_CHECK = "storage_throughput"
+EXPORT_CHECK = "storage_export"
 PROBE_TIMEOUT_S = 30.0
 DD_TIMEOUT_S = 600.0
 DEFAULT_WRITE_MIB = 1024
 RDMA_PORT = "20049"
 
 Kind = Literal["nfs", "lustre"]
+
+KERNEL_SUPPORT: dict[str, tuple[str, str, str]] = {
+    "nfs": ("nfs_client_require_kernel_nfs", "grep -Eqw 'nfs4?' /proc/filesystems || modinfo nfs >/dev/null 2>&1",
+            "NFS client"),
+    "lustre": ("lustre_client_require_kernel_support",
+               "grep -qw lustre /proc/filesystems || modinfo lustre >/dev/null 2>&1", "Lustre client"),
+    "nfsd": ("nfs_server_require_kernel_nfsd", "grep -qw nfsd /proc/filesystems || modinfo nfsd >/dev/null 2>&1",
+             "NFS server (nfsd)"),
+}
+"""Per kernel filesystem: the role variable that makes it optional, the probe the role itself runs (exit 0:
+the kernel has it), and what to call it."""
 
 # Options that only mount(8)/systemd read: they never appear in the kernel's mount table.
 _USERSPACE_OPTIONS = frozenset({"_netdev", "nofail", "auto", "noauto", "user", "users", "nouser", "defaults"})
@@ -126,6 +146,10 @@ class ExpectedMount:
     nconnect: int | None = None
     options: tuple[str, ...] = ()
     automount: bool = False
+    server: str = ""
+    address: str = ""
+    export: str = ""
+    server_kernel: bool = False
 
     @property
     def label(self) -> str:
@@ -142,6 +166,7 @@ def expected_mounts(cluster: Cluster) -> dict[str, list[ExpectedMount]]:
     out: dict[str, list[ExpectedMount]] = {}
     known = {n.name for n in cluster.nodes}
     storage = cluster.spec.storage
+    kernel_exports = {(e.server, e.path) for e in storage.nfs.exports if e.implementation == "kernel"}
     for m in storage.nfs.mounts:
         try:
             address = cluster.node(m.server).address
@@ -151,7 +176,8 @@ def expected_mounts(cluster: Cluster) -> dict[str, list[ExpectedMount]]:
             kind="nfs", path=m.mount,
             sources=tuple(dict.fromkeys((f"{address}:{m.export}", f"{m.server}:{m.export}"))),
             fstypes=_nfs_fstypes(m.version), transport=m.transport, version=m.version, nconnect=m.nconnect,
-            options=tuple(m.options), automount=m.automount)
+            options=tuple(m.options), automount=m.automount, server=m.server, address=address, export=m.export,
+            server_kernel=(m.server, m.export) in kernel_exports)
         for host in members(m.on, cluster):
             if host in known:
                 out.setdefault(host, []).append(exp)
@@ -166,7 +192,7 @@ def expected_mounts(cluster: Cluster) -> dict[str, list[ExpectedMount]]:
 
 # ---------------------------------------------------------------- comparison (pure)
 def _finding(node: str, exp: ExpectedMount, expected: Value, observed: Value, message: str, hint: str,
-             severity: Literal["error", "warning"] = "error") -> Finding:
+             severity: Severity = "error") -> Finding:
     return Finding(check=CHECK, severity=severity, node=node, device=None, port=None, expected=expected,
                    observed=observed, message=f"{exp.path}: {message}", hint=hint)
 
@@ -399,35 +425,264 @@ def _why(done: Completed) -> str:
     return f"exit {done.rc}: {done.stderr.strip()[:200]}"
 
 
+def optional_kinds(cluster: Cluster) -> frozenset[str]:
+    """Kernel filesystems the site declares its nodes need not have (a role's ``*_require_*`` set to false)."""
+    site = cluster.spec.site_vars
+    return frozenset(kind for kind, (var, _, _) in KERNEL_SUPPORT.items() if site.get(var) is False)
+
+
+def kernel_probe(kinds: Iterable[str]) -> list[str]:
+    """One line ``kind=yes|no`` per kernel filesystem, by the same test the roles use."""
+    lines = [f"if {KERNEL_SUPPORT[k][1]}; then echo {k}=yes; else echo {k}=no; fi" for k in sorted(set(kinds))]
+    return ["sh", "-c", "; ".join(lines)]
+
+
+def parse_kernel_probe(text: str) -> dict[str, bool]:
+    """``{kind: has it}`` from :func:`kernel_probe` output; kinds not answered are absent (unknown)."""
+    out: dict[str, bool] = {}
+    for line in text.splitlines():
+        kind, sep, answer = line.strip().partition("=")
+        if sep and kind in KERNEL_SUPPORT and answer in ("yes", "no"):
+            out[kind] = answer == "yes"
+    return out
+
+
+@dataclass(frozen=True, slots=True)
+class NodeMounts:
+    """One node's mounts judged: the result, the mounts that are fine, and those skipped by the site's word."""
+
+    result: CheckResult
+    healthy: list[ExpectedMount]
+    skipped: list[ExpectedMount]
+
+
+def judge_node(node: str, expected: Sequence[ExpectedMount], observed: Sequence[MountEntry],
+               kernel: Mapping[str, bool], optional: frozenset[str]) -> NodeMounts:
+    """Every expected mount of one node; a *missing* mount of an optional kind on a kernel seen to lack that
+    filesystem is skipped with an info finding (never passed); everything else is compared as usual."""
+    top = _top_entries(observed)
+    found: list[Finding] = []
+    healthy: list[ExpectedMount] = []
+    skipped: list[ExpectedMount] = []
+    for exp in expected:
+        got = top.get(exp.path.rstrip("/") or "/")
+        if got is None and exp.kind in optional and kernel.get(exp.kind) is False:
+            var, _, what = KERNEL_SUPPORT[exp.kind]
+            skipped.append(exp)
+            found.append(_finding(node, exp, exp.sources[0], None, f"{exp.kind} mount skipped, not checked: the "
+                                  f"kernel has no {what} and the site says it need not ({var}: false)",
+                                  "nothing is mounted here, so no mount option is proven; "
+                                  + ("the export is checked from user space instead (storage_export)"
+                                     if exp.kind == "nfs" else "Lustre cannot be checked without a kernel client"),
+                                  severity="info"))
+            continue
+        mine = compare_mount(node, exp, got)
+        found.extend(mine)
+        if not any(f.severity == "error" for f in mine):
+            healthy.append(exp)
+    measurements: dict[str, Value] = {"mounts_expected": len(expected), "mounts_ok": len(healthy)}
+    if skipped:
+        measurements["mounts_skipped"] = len(skipped)
+    if skipped and not any(f.severity == "error" for f in found):
+        whats = sorted({KERNEL_SUPPORT[e.kind][2] for e in skipped})
+        reason = (f"no kernel {' or '.join(whats)} (declared optional): "
+                  f"{', '.join(e.path for e in skipped)} not mounted")
+        return NodeMounts(CheckResult.skip(CHECK, node, reason, found, measurements), healthy, skipped)
+    return NodeMounts(CheckResult.from_findings(CHECK, node, found, measurements), healthy, skipped)
+
+
+@dataclass(frozen=True, slots=True)
+class ExportProbe:
+    """An NFS export read and written from user space (libnfs), for clients whose kernel cannot mount it.
+
+    ``writer`` copies a token file into the export over NFS, ``reader`` reads it back over NFS, and the
+    server's own directory must hold the same bytes; read-only mounts only list the export.
+    """
+
+    server: str
+    address: str
+    export: str
+    version: str
+    writer: str
+    reader: str
+    name: str
+    token: str
+    read_only: bool = False
+
+    def url(self, name: str = "") -> str:
+        """``nfs://host/export/name?version=3|4`` (libnfs speaks NFSv4.0 for any 4.x the spec asks for)."""
+        host = f"[{self.address}]" if ":" in self.address else self.address
+        return f"nfs://{host}{_safe(self.export).rstrip('/')}/{name}?version={'3' if self.version == '3' else '4'}"
+
+    @staticmethod
+    def _guarded(tool: str, body: str) -> list[str]:
+        guard = f'command -v {tool} >/dev/null || {{ echo "{tool}: not installed (libnfs-utils)" >&2; exit 127; }}; '
+        return ["sh", "-c", guard + body]
+
+    def write_argv(self) -> list[str]:
+        return self._guarded("nfs-cp", f't=$(mktemp) && printf %s {shlex.quote(self.token)} > "$t" && '
+                                       f'nfs-cp "$t" {shlex.quote(self.url(self.name))}; rc=$?; rm -f "$t"; exit $rc')
+
+    def read_argv(self) -> list[str]:
+        return self._guarded("nfs-cat", f"nfs-cat {shlex.quote(self.url(self.name))}")
+
+    def list_argv(self) -> list[str]:
+        return self._guarded("nfs-ls", f"nfs-ls {shlex.quote(self.url())}")
+
+    @property
+    def server_file(self) -> str:
+        return f"{_safe(self.export).rstrip('/')}/{self.name}"
+
+
+def plan_export_probes(skipped: Mapping[str, Sequence[ExpectedMount]],
+                       token: Callable[[], str] = lambda: secrets.token_hex(8)) -> list[ExportProbe]:
+    """One probe per NFS export that some node could not mount: first such client writes, the second reads."""
+    by_export: dict[tuple[str, str], tuple[ExpectedMount, list[str]]] = {}
+    for node in sorted(skipped):
+        for exp in skipped[node]:
+            if exp.kind == "nfs":
+                by_export.setdefault((exp.server, exp.export), (exp, []))[1].append(node)
+    probes = []
+    for (_, _), (exp, nodes) in sorted(by_export.items()):
+        tok = token()
+        probes.append(ExportProbe(exp.server, exp.address, exp.export, exp.version or "4.2", nodes[0],
+                                  nodes[1] if len(nodes) > 1 else nodes[0], f".provisioner-storage-check-{tok}",
+                                  f"provisioner {nodes[0]} {tok}", read_only="ro" in exp.options))
+    return probes
+
+
+def _one_line(text: str, limit: int = 240) -> str:
+    """A tool's stderr as one line (libnfs prints its error over two), cut to ``limit`` characters."""
+    return "; ".join(line.strip() for line in text.strip().splitlines() if line.strip())[:limit]
+
+
+def _export_error(probe: ExportProbe, node: str, observed: Value, message: str, hint: str) -> Finding:
+    return Finding(EXPORT_CHECK, "error", probe.server, None, None, "served", observed,
+                   f"{probe.server}:{probe.export}: {message}", hint, peer=node)
+
+
+_EXPORT_HINT = ("is the NFS server running and serving this path (Ganesha: /var/log/ganesha/ganesha.log, "
+                "dbus ShowExports; kernel: exportfs -v)? Does the export's client list include {node}? With "
+                "root_squash, root writes as nobody and the directory must allow it")
+
+
+def export_result(probe: ExportProbe, wrote: Completed, read: Completed | None,
+                  on_server: Completed | None) -> CheckResult:
+    """The ``storage_export`` result of one probe (see :class:`ExportProbe`); a missing tool is could-not-run."""
+    measurements: dict[str, Value] = {"export": probe.export, "writer": probe.writer, "reader": probe.reader,
+                                      "via": f"libnfs NFSv{'3' if probe.version == '3' else '4'}"}
+    for done, node in ((wrote, probe.writer), (read, probe.reader)):
+        if done is not None and (done.unreachable or done.timed_out or done.rc == 127):
+            return CheckResult.could_not_run(EXPORT_CHECK, probe.server, f"{node}: {_why(done)}")
+    if wrote.rc != 0:
+        verb = "list" if probe.read_only else "write to"
+        finding = _export_error(probe, probe.writer, f"exit {wrote.rc}", f"{probe.writer} cannot {verb} the export "
+                                f"over NFS ({_one_line(wrote.stderr) or 'no message'})",
+                                _EXPORT_HINT.format(node=probe.writer))
+        return CheckResult.from_findings(EXPORT_CHECK, probe.server, [finding], measurements)
+    found: list[Finding] = []
+    if read is not None and (read.rc != 0 or read.stdout != probe.token):
+        seen = f"exit {read.rc}" if read.rc != 0 else f"{len(read.stdout)} bytes, different content"
+        found.append(_export_error(probe, probe.reader, seen, f"a file written over NFS from {probe.writer} is not "
+                                   f"read back over NFS from {probe.reader}", _EXPORT_HINT.format(node=probe.reader)))
+    if on_server is not None and (on_server.rc != 0 or on_server.stdout != probe.token):
+        seen = "missing" if on_server.rc != 0 else "different content"
+        found.append(_export_error(probe, probe.writer, seen, f"a file written over NFS is not in {probe.export} on "
+                                   f"{probe.server} itself", "the server exports another directory than the spec's "
+                                   "path (check the EXPORT Path / exports line)"))
+    return CheckResult.from_findings(EXPORT_CHECK, probe.server, found, measurements)
+
+
+def _server_skip(probe: ExportProbe, exp_kernel: bool, optional: frozenset[str], remote: Remote) -> str | None:
+    """Why the export cannot be served at all (a kernel export on a server whose kernel has no nfsd, declared
+    optional by the site), or None when it must be checked."""
+    if not exp_kernel or "nfsd" not in optional:
+        return None
+    done = remote.run(probe.server, kernel_probe(["nfsd"]), timeout=PROBE_TIMEOUT_S)
+    if done.rc == 0 and parse_kernel_probe(done.stdout).get("nfsd") is False:
+        return (f"{probe.export} is a kernel export and {probe.server}'s kernel has no nfsd (declared optional): "
+                "nothing can serve it")
+    return None
+
+
+def check_exports(probes: Sequence[ExportProbe], kernel_exports: set[tuple[str, str]], optional: frozenset[str],
+                  remote: Remote) -> list[CheckResult]:
+    """Run each :class:`ExportProbe`: write (or list), read back, look on the server, clean up."""
+    results: list[CheckResult] = []
+    for probe in probes:
+        why = _server_skip(probe, (probe.server, probe.export) in kernel_exports, optional, remote)
+        if why is not None:
+            results.append(CheckResult.skip(EXPORT_CHECK, probe.server, why))
+            continue
+        if probe.read_only:
+            listed = remote.run(probe.writer, probe.list_argv(), timeout=PROBE_TIMEOUT_S)
+            results.append(export_result(probe, listed, None, None))
+            continue
+        wrote = remote.run(probe.writer, probe.write_argv(), timeout=PROBE_TIMEOUT_S)
+        read = on_server = None
+        if wrote.rc == 0:
+            read = remote.run(probe.reader, probe.read_argv(), timeout=PROBE_TIMEOUT_S)
+            on_server = remote.run(probe.server, ["cat", probe.server_file], timeout=PROBE_TIMEOUT_S)
+            remote.run(probe.server, ["rm", "-f", probe.server_file], timeout=PROBE_TIMEOUT_S)
+        results.append(export_result(probe, wrote, read, on_server))
+    return results
+
+
 def check_storage(cluster: Cluster, remote: Remote, write_mib: int = DEFAULT_WRITE_MIB,
                   token: Callable[[], str] = lambda: secrets.token_hex(8)) -> list[CheckResult]:
-    """Mounts on every client, one round trip per shared filesystem, and dd throughput when a floor is set."""
+    """Mounts on every client, one round trip per shared filesystem, dd throughput when a floor is set, and
+    the user-space export check for NFS mounts skipped on kernels declared unable to mount (module docstring)."""
     expected = expected_mounts(cluster)
     if not expected:
         return []
+    optional = optional_kinds(cluster)
     results: list[CheckResult] = []
     tables = remote.run_many({n: mounts_probe(e) for n, e in expected.items()}, timeout=PROBE_TIMEOUT_S)
-    healthy: dict[str, list[ExpectedMount]] = {}
+    observed: dict[str, list[MountEntry]] = {}
     for node in sorted(expected):
         done = tables.get(node)
         if done is None or done.rc != 0:
             results.append(CheckResult.could_not_run(CHECK, node, _why(done) if done else "not probed"))
             continue
         try:
-            observed = parse_mounts(done.stdout)
+            observed[node] = parse_mounts(done.stdout)
         except ParseError as exc:
             results.append(CheckResult.could_not_run(CHECK, node, exc.message))
-            continue
-        top = _top_entries(observed)
-        found: list[Finding] = []
-        healthy[node] = []
-        for exp in expected[node]:
-            mine = compare_mount(node, exp, top.get(exp.path.rstrip("/") or "/"))
-            found.extend(mine)
-            if not any(f.severity == "error" for f in mine):
-                healthy[node].append(exp)
-        results.append(CheckResult.from_findings(CHECK, node, found, {"mounts_expected": len(expected[node]),
-                                                                      "mounts_ok": len(healthy[node])}))
+    kernel = _probe_kernels(expected, observed, optional, remote)
+    healthy: dict[str, list[ExpectedMount]] = {}
+    skipped: dict[str, list[ExpectedMount]] = {}
+    for node in sorted(observed):
+        judged = judge_node(node, expected[node], observed[node], kernel.get(node, {}), optional)
+        results.append(judged.result)
+        healthy[node] = judged.healthy
+        if judged.skipped:
+            skipped[node] = judged.skipped
+    results += _roundtrips(healthy, remote, token)
+    kernel_exports = {(e.server, e.export) for mounts in skipped.values() for e in mounts if e.server_kernel}
+    results += check_exports(plan_export_probes(skipped, token), kernel_exports, optional, remote)
+    if cluster.spec.storage.min_write_mbps is not None:
+        results += _throughput(healthy, remote, write_mib, cluster.spec.storage.min_write_mbps)
+    return results
+
+
+def _probe_kernels(expected: Mapping[str, Sequence[ExpectedMount]], observed: Mapping[str, Sequence[MountEntry]],
+                   optional: frozenset[str], remote: Remote) -> dict[str, dict[str, bool]]:
+    """Ask the kernel of each node that misses a mount of an optional kind whether it has that filesystem."""
+    need: dict[str, set[str]] = {}
+    for node, entries in observed.items():
+        top = _top_entries(entries)
+        kinds = {str(e.kind) for e in expected[node] if e.kind in optional and (e.path.rstrip("/") or "/") not in top}
+        if kinds:
+            need[node] = kinds
+    if not need:
+        return {}
+    done = remote.run_many({n: kernel_probe(k) for n, k in need.items()}, timeout=PROBE_TIMEOUT_S)
+    return {n: parse_kernel_probe(d.stdout) for n, d in done.items() if d.rc == 0}
+
+
+def _roundtrips(healthy: Mapping[str, Sequence[ExpectedMount]], remote: Remote,
+                token: Callable[[], str]) -> list[CheckResult]:
+    results: list[CheckResult] = []
     for trip in plan_roundtrips(healthy, token):
         wrote = remote.run(trip.writer, trip.write_argv(), timeout=PROBE_TIMEOUT_S)
         read = remote.run(trip.reader, trip.read_argv(), timeout=PROBE_TIMEOUT_S) if wrote.rc == 0 else None
@@ -438,22 +693,26 @@ def check_storage(cluster: Cluster, remote: Remote, write_mib: int = DEFAULT_WRI
         finding = roundtrip_finding(trip, wrote, read)
         results.append(CheckResult.from_findings(ROUNDTRIP_CHECK, trip.reader, [finding] if finding else [],
                                                  {"path": trip.path, "writer": trip.writer}))
-    floor = cluster.spec.storage.min_write_mbps
-    if floor is not None:
-        seen: set[tuple[str, str]] = set()
-        for node in sorted(healthy):
-            for exp in healthy[node]:
-                if (exp.sources[0], exp.path) in seen:
-                    continue
-                seen.add((exp.sources[0], exp.path))
-                done = remote.run(node, dd_argv(exp.path, write_mib), timeout=DD_TIMEOUT_S)
-                try:
-                    res = parse_dd(done.stdout + done.stderr)
-                except ParseError:
-                    results.append(CheckResult.could_not_run(THROUGHPUT_CHECK, node, _why(done)))
-                    continue
-                finding = throughput_finding(node, exp.path, res, floor)
-                results.append(CheckResult.from_findings(
-                    THROUGHPUT_CHECK, node, [finding] if finding else [],
-                    {"path": exp.path, "write_mbps": round(res.mb_per_s, 1), "bytes": res.bytes}))
+    return results
+
+
+def _throughput(healthy: Mapping[str, Sequence[ExpectedMount]], remote: Remote, write_mib: int,
+                floor: float) -> list[CheckResult]:
+    results: list[CheckResult] = []
+    seen: set[tuple[str, str]] = set()
+    for node in sorted(healthy):
+        for exp in healthy[node]:
+            if (exp.sources[0], exp.path) in seen:
+                continue
+            seen.add((exp.sources[0], exp.path))
+            done = remote.run(node, dd_argv(exp.path, write_mib), timeout=DD_TIMEOUT_S)
+            try:
+                res = parse_dd(done.stdout + done.stderr)
+            except ParseError:
+                results.append(CheckResult.could_not_run(THROUGHPUT_CHECK, node, _why(done)))
+                continue
+            finding = throughput_finding(node, exp.path, res, floor)
+            results.append(CheckResult.from_findings(
+                THROUGHPUT_CHECK, node, [finding] if finding else [],
+                {"path": exp.path, "write_mbps": round(res.mb_per_s, 1), "bytes": res.bytes}))
     return results

@@ -37,7 +37,7 @@ PROBES: dict[str, list[str]] = {
     "nccl": [
         "sh", "-c",
         "ls -1 /usr/lib/x86_64-linux-gnu/libnccl.so.* /usr/lib/aarch64-linux-gnu/libnccl.so.* /usr/lib64/libnccl.so.* "
-        "/usr/local/cuda/lib64/libnccl.so.* 2>/dev/null",
+        "/usr/local/cuda/lib64/libnccl.so.* 2>/dev/null; true",  # ls fails when any one glob is empty
     ],
 }
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import ipaddress
 import json
 import os
+import re
 import shutil
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -151,19 +152,37 @@ def parse_known_hosts(text: str) -> dict[str, tuple[str, str]]:
     return entries
 
 
+LAB_SITE_VARS: dict[str, bool | str] = {
+    # containers show no PCI bus: GPUs are counted through the (simulated) driver once it is installed
+    "preflight_gpu_evidence": "nvidia-smi",
+    # The nodes share the host's kernel, which has no NFS client, no nfsd and no Lustre: the storage roles write
+    # and check the units and exports but report the mounts SKIPPED instead of failing, and `provision verify`
+    # reports such a mount "skipped", never "passed" (it checks that the node's kernel really lacks the
+    # filesystem before it does, and reads the export over NFS from user space instead, with libnfs).
+    "nfs_client_require_kernel_nfs": False,
+    "nfs_server_require_kernel_nfsd": False,
+    "lustre_client_require_kernel_support": False,
+    # libnfs-utils (nfs-ls/nfs-cat/nfs-cp) on the NFS clients: how verify reaches an export without a kernel mount
+    "nfs_client_userspace_tools": True,
+    # a lab has no NFS clients whose locks need reclaiming; without this, opens fail for 90 s after each restart
+    "nfs_server_ganesha_graceless": True,
+}
+"""What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
+
+
 def overlay_data(key: Path, known_hosts: Path, addresses: dict[str, str],
                  vendor_keyring: Path | None = None) -> dict[str, Any]:
     """What the spec loader overlays on the cluster spec to reach the lab nodes.
 
     With a vendor keyring, the spec's vendor mirrors are replaced by the lab's signed
     repository, which every node sees at ``/run/lab/vendor-repo`` (the loader deep-merges
-    the overlay, so ``components`` replaces the spec's list).
+    the overlay, so ``components`` replaces the spec's list). ``site_vars`` say what the lab
+    kernel cannot do (:data:`LAB_SITE_VARS`).
     """
     data: dict[str, Any] = {
         "ssh": {"user": "root", "key": str(key), "known_hosts": str(known_hosts)},
         "addresses": dict(sorted(addresses.items())),
-        # containers show no PCI bus: GPUs are counted through the (simulated) driver once it is installed
-        "site_vars": {"preflight_gpu_evidence": "nvidia-smi"},
+        "site_vars": dict(LAB_SITE_VARS),
     }
     if vendor_keyring is not None:
         repo = {"url": VENDOR_REPO_URL, "key": str(vendor_keyring), "suite": VENDOR_SUITE,
@@ -200,8 +219,32 @@ def ensure_vendor_repo(cluster: str, state_dir: Path, versions: VendorVersions,
     return keyring
 
 
-def run_args(cluster: str, host: str, ip: str, state_dir: Path, image_name: str = image.IMAGE) -> list[str]:
-    """``podman run`` arguments for one node container."""
+_EXPORT_PATH = re.compile(r"^/[A-Za-z0-9._@+-]+(/[A-Za-z0-9._@+-]+)*$")
+
+
+def export_mount_args(paths: Sequence[str]) -> list[str]:
+    """``podman run`` arguments that make ``paths`` exportable by NFS-Ganesha inside the container.
+
+    Ganesha's FSAL VFS opens files by handle (name_to_handle_at/open_by_handle_at): the container's
+    overlayfs root has no handles, so each export gets its own tmpfs, and the container needs
+    CAP_DAC_READ_SEARCH for open_by_handle_at. Paths reach the podman command line: strict pattern,
+    no ``..`` and none of the ``:``/``,`` that --tmpfs would read as separators.
+    """
+    if not paths:
+        return []
+    args = ["--cap-add=DAC_READ_SEARCH"]
+    for path in dict.fromkeys(paths):
+        parts = path.split("/")
+        if not _EXPORT_PATH.match(path) or ".." in parts or "." in parts or path.rstrip("/") == "":
+            raise LabError(f"NFS export path {path!r} cannot be given to a lab container (absolute path of "
+                           "A-Z a-z 0-9 . _ @ + - components, not the root)")
+        args += ["--tmpfs", f"{path}:rw,mode=0755"]
+    return args
+
+
+def run_args(cluster: str, host: str, ip: str, state_dir: Path, image_name: str = image.IMAGE,
+             exports: Sequence[str] = ()) -> list[str]:
+    """``podman run`` arguments for one node container (``exports``: the NFS paths it serves, if any)."""
     sys_class = state_dir / "nodes" / host / labstate.SYSFS_PREFIX
     return [
         "run", "--detach",
@@ -213,6 +256,7 @@ def run_args(cluster: str, host: str, ip: str, state_dir: Path, image_name: str 
         "--systemd=always",
         "--volume", f"{state_dir}:{labstate.LAB_ROOT}:rw",
         "--volume", f"{sys_class}:/sys/class:ro",
+        *export_mount_args(exports),
         image_name, "/sbin/init",
     ]
 
@@ -259,8 +303,10 @@ def _used_addresses(exclude: str) -> set[str]:
             if overlay.parent.name != exclude:
                 data = yaml.safe_load(overlay.read_text(encoding="utf-8")) or {}
                 used.update(str(ip) for ip in (data.get("addresses") or {}).values())
-    others = [name for name, row in _containers().items()
-              if str(row.get("Labels", {}).get(CLUSTER_LABEL, "")) != exclude]
+    # Every container on the lab network counts, labelled or not (other tools' test containers join it too).
+    rows = json.loads(podman("ps", "-a", "--filter", f"network={NETWORK}", "--format", "json").stdout or "[]") or []
+    others = [str(row["Names"][0]) for row in rows
+              if str((row.get("Labels") or {}).get(CLUSTER_LABEL, "")) != exclude]
     if others:
         fmt = "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}"
         used.update(podman("inspect", "--format", fmt, *others, check=False).stdout.split())
@@ -274,10 +320,11 @@ def _load_overlay_addresses(path: Path) -> dict[str, str]:
     return {str(h): str(ip) for h, ip in (data.get("addresses") or {}).items()}
 
 
-def _start(cluster: str, host: str, ip: str, state_dir: Path, existing: dict[str, Any] | None) -> bool:
+def _start(cluster: str, host: str, ip: str, state_dir: Path, existing: dict[str, Any] | None,
+           exports: Sequence[str] = ()) -> bool:
     """Create or start one node's container; True when created."""
     if existing is None:
-        podman(*run_args(cluster, host, ip, state_dir), timeout=180)
+        podman(*run_args(cluster, host, ip, state_dir, exports=exports), timeout=180)
         return True
     if existing.get("State") in ("exited", "created", "stopped"):
         podman("start", container_name(cluster, host), timeout=120)
@@ -312,11 +359,14 @@ def lab_up(
     max_nodes: int | None = None,
     progress: Progress = _quiet,
     versions: VendorVersions | None = None,
+    nfs_exports: Mapping[str, Sequence[str]] | None = None,
 ) -> LabInfo:
     """Bring the lab cluster up (or make sure it is up); see the module docstring.
 
     With ``versions`` (the spec's pins, :func:`provisioner.lab.fromspec.lab_versions`) it
     also builds the signed vendor repository and points the overlay's repositories at it.
+    ``nfs_exports`` (:func:`provisioner.lab.fromspec.lab_nfs_exports`) names the paths each NFS
+    server node exports; they get a Ganesha-exportable tmpfs when the container is created.
     """
     cluster = check_name(cluster_name, "cluster name")
     for spec in nodes:
@@ -339,6 +389,9 @@ def lab_up(
     state_dir.mkdir(parents=True, exist_ok=True)
     (state_dir / "sm").mkdir(exist_ok=True)
     hosts = [s.hostname for s in specs]
+    exports = {h: list(paths) for h, paths in (nfs_exports or {}).items()}
+    for paths in exports.values():
+        export_mount_args(paths)  # a bad path fails here, before any container starts
     kept_cables = [c for c in cables if c.node in hosts]
     changed = hardware.write_lab_state(str(state_dir), cluster, specs, switches, kept_cables)
     if changed:
@@ -352,7 +405,8 @@ def lab_up(
     progress(f"starting {len(hosts)} node container(s)")
     with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(hosts)))) as pool:
         created_flags = list(pool.map(
-            lambda h: _start(cluster, h, addresses[h], state_dir, current.get(container_name(cluster, h))),
+            lambda h: _start(cluster, h, addresses[h], state_dir, current.get(container_name(cluster, h)),
+                             exports.get(h, ())),
             hosts,
         ))
     created = [h for h, made in zip(hosts, created_flags, strict=True) if made]

@@ -151,15 +151,17 @@ def _findings_table(findings: list[Finding]) -> str:
 def _checks_table(checks: Iterable[CheckResult]) -> str:
     rows = []
     for c in sorted(checks, key=lambda c: (c.name, c.node or "")):
-        status = "could not run" if not c.ran else ("pass" if c.passed else "fail")
-        cls = {"pass": "sev-info", "fail": "sev-error", "could not run": "sev-warning"}[status]
+        status = "could not run" if not c.ran else ("skipped" if c.skipped is not None
+                                                     else "pass" if c.passed else "fail")
+        cls = {"pass": "sev-info", "fail": "sev-error", "could not run": "sev-warning",
+               "skipped": "sev-warning"}[status]
         rows.append(
             f'<tr class="check"><td>{_e(c.name)}</td><td>{_e(c.node or "cluster")}</td>'
-            f'<td class="{cls}">{status}</td><td>{len(c.findings)}</td><td>{_e(c.error)}</td></tr>'
+            f'<td class="{cls}">{status}</td><td>{len(c.findings)}</td><td>{_e(c.error or c.skipped)}</td></tr>'
         )
     return (
         '<table id="checks"><thead><tr><th>Check</th><th>Node</th><th>Result</th><th>Findings</th>'
-        f"<th>Why not run</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
+        f"<th>Why not run / skipped</th></tr></thead><tbody>{''.join(rows)}</tbody></table>"
     )
 
 
@@ -191,7 +193,7 @@ def to_html(report: VerifyReport) -> str:
     v = report.verdict
     summary = (
         f'<p><span class="verdict v-{v.label}">{v.label}</span> '
-        f"{v.passed} passed · {v.failed} failed · {v.could_not_run} could not run · "
+        f"{v.passed} passed · {v.failed} failed · {v.could_not_run} could not run · {v.skipped} skipped · "
         f"{v.errors} errors · {v.warnings} warnings — exit code {v.exit_code}</p>"
     )
     notes = (

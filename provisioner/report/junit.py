@@ -33,6 +33,9 @@ def _testcase(cluster: str, check: CheckResult) -> ET.Element:
     if check.error is not None:
         err = ET.SubElement(case, "error", {"message": _clean(check.error), "type": "could_not_run"})
         err.text = _clean(check.error)
+    elif check.skipped is not None:
+        skip = ET.SubElement(case, "skipped", {"message": _clean(check.skipped)})
+        skip.text = _clean(check.skipped)
     elif not check.passed:
         fail = ET.SubElement(
             case,
@@ -57,7 +60,7 @@ def to_junit(report: VerifyReport) -> str:
         "tests": str(len(checks)),
         "failures": str(verdict.failed),
         "errors": str(verdict.could_not_run),
-        "skipped": "0",
+        "skipped": str(verdict.skipped),
         "time": f"{report.duration_s:.3f}",
     }
     suites = ET.Element("testsuites", {"name": _clean(f"provisioner verify {report.cluster}"), **counts})

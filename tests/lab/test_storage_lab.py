@@ -27,6 +27,8 @@ from pathlib import Path
 
 import pytest
 
+from provisioner.remote import Completed
+
 pytestmark = [
     pytest.mark.lab,
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None, reason="needs root and podman"),
@@ -107,3 +109,38 @@ def test_ganesha_export_is_read_and_written_from_another_container(pair: tuple[s
     _exec(client, f"printf '%s\\n' {back} > /tmp/back.txt && nfs-cp /tmp/back.txt '{url}/back.txt?version=4'")
     assert _exec(server, "cat /export/ganesha/back.txt") == back + "\n"
     assert _exec(server, "stat -c %u /export/ganesha/back.txt").strip() == "0"  # no_root_squash honoured
+
+
+class _PodmanRemote:
+    """provisioner.remote.Remote over ``podman exec`` (the two containers have no SSH set up here)."""
+
+    def run(self, host: str, argv: list[str], timeout: float, env: dict[str, str] | None = None) -> Completed:
+        done = _podman("exec", host, *argv, timeout=timeout, check=False)
+        return Completed(done.returncode, done.stdout, done.stderr)
+
+    def run_many(self, commands: dict[str, list[str]], timeout: float,
+                 env: dict[str, str] | None = None) -> dict[str, Completed]:
+        return {h: self.run(h, a, timeout) for h, a in commands.items()}
+
+    def start(self, *args: object, **kwargs: object) -> object:
+        raise AssertionError("not used")
+
+
+def test_verify_export_probe_reads_and_writes_the_ganesha_export(pair: tuple[str, str], tmp_path: Path) -> None:
+    """The user-space export check of `provision verify` (storage_export) against the real Ganesha export:
+    nfs-cp from the client, nfs-cat back, the file on the server's disk, cleaned up; a path that is not
+    exported is an error naming the server."""
+    from provisioner.fabric import storage
+
+    server, client = pair
+    assert _apply_role(server, tmp_path).returncode == 0
+    _exec(client, "command -v nfs-cp nfs-cat nfs-ls >/dev/null")
+    good = storage.ExportProbe(server, server, "/export/ganesha", "4.2", client, client,
+                               f".provisioner-storage-check-{SUFFIX}", f"token {uuid.uuid4().hex}")
+    (result,) = storage.check_exports([good], set(), frozenset(), _PodmanRemote())  # type: ignore[arg-type]
+    assert result.passed, result
+    assert ".provisioner-storage-check" not in _exec(server, "ls -A /export/ganesha")  # cleaned up on the server
+    bad = storage.ExportProbe(server, server, "/export/not-exported", "4.2", client, client, ".x", "t")
+    (failed,) = storage.check_exports([bad], set(), frozenset(), _PodmanRemote())  # type: ignore[arg-type]
+    assert failed.ran and not failed.passed
+    assert failed.findings[0].node == server and "cannot write to the export over NFS" in failed.findings[0].message

@@ -31,7 +31,29 @@ def test_known_hosts_roundtrip() -> None:
 def test_overlay_shape() -> None:
     data = cluster.overlay_data(Path("/k"), Path("/kh"), {"b": "2", "a": "1"})
     assert data == {"ssh": {"user": "root", "key": "/k", "known_hosts": "/kh"}, "addresses": {"a": "1", "b": "2"},
-                    "site_vars": {"preflight_gpu_evidence": "nvidia-smi"}}
+                    "site_vars": {"preflight_gpu_evidence": "nvidia-smi",
+                                  # the lab kernel has no NFS client, no nfsd and no Lustre
+                                  "nfs_client_require_kernel_nfs": False,
+                                  "nfs_server_require_kernel_nfsd": False,
+                                  "lustre_client_require_kernel_support": False,
+                                  "nfs_client_userspace_tools": True,
+                                  "nfs_server_ganesha_graceless": True}}
+
+
+def test_overlay_site_vars_are_role_variables_the_spec_accepts() -> None:
+    """Every lab site_var names a variable some role declares, and the spec loader takes the overlay."""
+    import yaml
+
+    from provisioner.spec.load import load_text
+
+    root = Path(__file__).resolve().parents[2]
+    declared = "".join(p.read_text(encoding="utf-8") for p in (root / "roles").glob("*/meta/argument_specs.yml"))
+    for name in cluster.LAB_SITE_VARS:
+        assert f"      {name}:\n" in declared, name
+    overlay = yaml.safe_load(yaml.safe_dump(cluster.overlay_data(Path("/k"), Path("/kh"), {})))
+    res = load_text((root / "examples" / "lab" / "cluster.yaml").read_text(encoding="utf-8"), "cluster.yaml", overlay)
+    assert res.cluster is not None, res.diagnostics
+    assert res.cluster.spec.site_vars["nfs_client_require_kernel_nfs"] is False
 
 
 def test_run_args_mounts_state_and_sysfs() -> None:
@@ -41,6 +63,36 @@ def test_run_args_mounts_state_and_sysfs() -> None:
     assert "/lab/c1/nodes/gpu01/sys/class:/sys/class:ro" in args
     assert args[args.index("--ip") + 1] == "10.213.38.10"
     assert args[args.index("--name") + 1] == "plab-c1-gpu01"
+
+
+def test_run_args_give_nfs_servers_an_exportable_tmpfs() -> None:
+    plain = cluster.run_args("c1", "gpu01", "10.213.38.10", Path("/lab/c1"))
+    assert "--cap-add=DAC_READ_SEARCH" not in plain and "--tmpfs" not in plain
+    args = cluster.run_args("c1", "sm1", "10.213.38.11", Path("/lab/c1"),
+                            exports=["/export/shared", "/export/home", "/export/shared"])
+    assert args.count("--cap-add=DAC_READ_SEARCH") == 1
+    tmpfs = [args[i + 1] for i, a in enumerate(args) if a == "--tmpfs"]
+    assert tmpfs == ["/export/shared:rw,mode=0755", "/export/home:rw,mode=0755"]
+    assert args.index("--tmpfs") < args.index(cluster.image.IMAGE)  # options before the image name
+    assert args[-2:] == [cluster.image.IMAGE, "/sbin/init"]
+
+
+@pytest.mark.parametrize("path", ["relative", "/", "/export/../etc", "/export/./x", "/a:b", "/a,uid=0",
+                                  "/a b", "/export//x", "/x;reboot"])
+def test_run_args_refuse_export_paths_podman_would_misread(path: str) -> None:
+    with pytest.raises(LabError, match="cannot be given to a lab container"):
+        cluster.run_args("c1", "sm1", "10.213.38.11", Path("/lab/c1"), exports=[path])
+
+
+def test_lab_nfs_exports_come_from_the_spec() -> None:
+    from provisioner.lab.fromspec import lab_nfs_exports
+    from provisioner.spec.load import load_cluster
+
+    root = Path(__file__).resolve().parents[2]
+    lab, _ = load_cluster(root / "examples" / "lab" / "cluster.yaml")
+    assert lab_nfs_exports(lab) == {"sm1": ["/export/shared"]}  # sm2 has the nfs_server role but no export
+    big, _ = load_cluster(root / "examples" / "h100-ndr-8node.yaml")
+    assert lab_nfs_exports(big) == {"sm1": ["/export/home"]}
 
 
 def test_names_are_validated() -> None:
@@ -61,3 +113,19 @@ def test_host_conf_text() -> None:
     text = containers_conf_text()
     assert 'runtime = "runc"' in text and "nofile=1024:1024" in text and 'cgroup_manager = "cgroupfs"' in text
     assert parse_dpkg_status("podman install ok installed\nrunc deinstall ok config-files\n") == {"podman"}
+
+
+def test_cli_lab_up_gives_the_nfs_servers_their_exports(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`provision lab up` must pass the spec's export paths on, or Ganesha in the lab has nothing to export."""
+    from provisioner.cli import main
+
+    seen: dict[str, object] = {}
+
+    def fake_lab_up(*args: object, **kwargs: object) -> None:
+        seen.update(kwargs)
+        raise LabError("stopped by the test after lab_up was called")
+
+    monkeypatch.setattr(cluster, "lab_up", fake_lab_up)
+    root = Path(__file__).resolve().parents[2]
+    assert main(["lab", "up", str(root / "examples" / "lab" / "cluster.yaml")]) != 0
+    assert seen["nfs_exports"] == {"sm1": ["/export/shared"]}

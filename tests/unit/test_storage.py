@@ -22,6 +22,7 @@ from provisioner.fabric.storage import ExpectedMount, MountEntry
 from provisioner.remote import Completed
 from provisioner.spec.cluster import Cluster
 from provisioner.spec.load import load_text
+from tests.unit._storage_fakes import LAB_SPEC, NoKernelNfsRemote, lab_cluster
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "fixtures"
@@ -123,7 +124,8 @@ def test_expected_mounts_follow_the_spec() -> None:
     nfs, lustre = exp["gpu03"]
     assert nfs == ExpectedMount(kind="nfs", path="/home", sources=("10.10.0.2:/export/home", "sm1:/export/home"),
                                 fstypes=("nfs4",), transport="rdma", version="4.2", nconnect=4, options=(),
-                                automount=False)
+                                automount=False, server="sm1", address="10.10.0.2", export="/export/home",
+                                server_kernel=True)
     assert lustre.sources == ("10.20.0.1@o2ib:10.20.0.2@o2ib:/scratch",) and lustre.options == ("flock",)
     assert "sm1" not in exp  # management nodes are not compute: no mounts
 
@@ -313,3 +315,117 @@ def test_no_storage_in_spec_means_nothing_to_run() -> None:
     c = _cluster(nfs={"exports": [], "mounts": []}, lustre=[])
     remote = FakeRemote({})
     assert storage.check_storage(c, remote) == [] and remote.calls == []
+
+
+# ---------------------------------------------------------------- nodes that cannot mount (site says optional)
+def _by_name(results: Sequence[Any]) -> dict[str, list[Any]]:
+    out: dict[str, list[Any]] = {}
+    for r in results:
+        out.setdefault(r.name, []).append(r)
+    return out
+
+
+def test_lab_overlay_makes_nfs_and_lustre_optional_but_not_by_default() -> None:
+    assert storage.optional_kinds(lab_cluster()) == {"nfs", "lustre", "nfsd"}
+    assert storage.optional_kinds(lab_cluster({})) == frozenset()
+    assert storage.optional_kinds(lab_cluster({"nfs_client_require_kernel_nfs": True})) == frozenset()
+
+
+def test_kernel_probe_runs_the_roles_test_and_parses_its_answer() -> None:
+    argv = storage.kernel_probe(["nfs", "lustre", "nfs"])
+    assert argv[:2] == ["sh", "-c"]
+    assert argv[2] == ("if grep -qw lustre /proc/filesystems || modinfo lustre >/dev/null 2>&1; then echo lustre=yes; "
+                       "else echo lustre=no; fi; if grep -Eqw 'nfs4?' /proc/filesystems || modinfo nfs >/dev/null "
+                       "2>&1; then echo nfs=yes; else echo nfs=no; fi")
+    assert storage.parse_kernel_probe("nfs=no\nlustre=yes\nbogus=yes\nnfsd=maybe\n") == {"nfs": False,
+                                                                                      "lustre": True}
+
+
+def test_missing_mount_on_a_kernel_without_nfs_is_skipped_never_passed() -> None:
+    remote = NoKernelNfsRemote()
+    results = _by_name(storage.check_storage(lab_cluster(), remote, token=lambda: "t0k"))
+    mounts = results["storage"]
+    assert [r.node for r in mounts] == ["gpu01", "gpu02", "gpu03"]
+    for r in mounts:
+        assert not r.passed and r.ran and r.skipped == ("no kernel NFS client (declared optional): /shared not "
+                                                          "mounted")
+        assert [(f.severity, f.message) for f in r.findings] == [
+            ("info", "/shared: nfs mount skipped, not checked: the kernel has no NFS client and the site says it "
+                     "need not (nfs_client_require_kernel_nfs: false)")]
+        assert r.measurements == {"mounts_expected": 1, "mounts_ok": 0, "mounts_skipped": 1}
+    assert "storage_roundtrip" not in results  # nothing mounted: no kernel round trip to do
+    (export,) = results["storage_export"]
+    assert export.passed and export.node == "sm1"
+    assert export.measurements == {"export": "/export/shared", "writer": "gpu01", "reader": "gpu02",
+                                   "via": "libnfs NFSv4"}
+    hosts = [h for h, _ in remote.calls]
+    assert hosts[-4:] == ["gpu01", "gpu02", "sm1", "sm1"]  # write over NFS, read over NFS, look on server, clean
+    assert remote.exported == {}  # the token file is removed on the server
+
+
+def test_missing_mount_fails_when_the_kernel_has_nfs_or_the_site_requires_it() -> None:
+    with_nfs = _by_name(storage.check_storage(lab_cluster(), NoKernelNfsRemote(kernel_nfs=["gpu02"])))
+    by_node = {r.node: r for r in with_nfs["storage"]}
+    assert by_node["gpu01"].skipped and by_node["gpu03"].skipped
+    gpu02 = by_node["gpu02"]
+    assert not gpu02.passed and gpu02.skipped is None
+    assert gpu02.findings[0].severity == "error" and "mount missing" in gpu02.findings[0].message
+    required = _by_name(storage.check_storage(lab_cluster({}), NoKernelNfsRemote()))
+    assert all(not r.passed and r.skipped is None for r in required["storage"])
+    assert "storage_export" not in required
+
+
+def test_a_wrong_mount_is_never_excused_by_the_site_switch() -> None:
+    table = "10.213.38.21:/export/shared /shared nfs4 ro,vers=4.2,proto=tcp 0 0\n"
+    remote = NoKernelNfsRemote(tables={"gpu01": table})
+    r = next(r for r in storage.check_storage(lab_cluster(), remote) if r.node == "gpu01")
+    assert not r.passed and r.skipped is None and [f.message for f in r.findings] == ["/shared: mounted read-only"]
+
+
+def test_export_not_served_is_an_error_on_the_server() -> None:
+    results = _by_name(storage.check_storage(lab_cluster(), NoKernelNfsRemote(served=False), token=lambda: "t0k"))
+    (export,) = results["storage_export"]
+    assert not export.passed and export.ran
+    (f,) = export.findings
+    assert (f.check, f.severity, f.node, f.peer) == ("storage_export", "error", "sm1", "gpu01")
+    assert f.message == ("sm1:/export/shared: gpu01 cannot write to the export over NFS (Failed to mount nfs share : "
+                         "nfs_service failed; Failed to open nfs://10.213.38.21/export/shared/x?version=4)")
+
+
+def test_export_written_elsewhere_than_the_specs_path_is_an_error() -> None:
+    results = _by_name(storage.check_storage(lab_cluster(), NoKernelNfsRemote(server_dir_differs=True)))
+    (export,) = results["storage_export"]
+    assert [f.message for f in export.findings] == [
+        "sm1:/export/shared: a file written over NFS is not in /export/shared on sm1 itself"]
+
+
+def test_export_check_without_libnfs_tools_could_not_run() -> None:
+    results = _by_name(storage.check_storage(lab_cluster(), NoKernelNfsRemote(no_tools=["gpu01"])))
+    (export,) = results["storage_export"]
+    assert not export.ran and export.error == "gpu01: exit 127: nfs-cp: not installed (libnfs-utils)"
+
+
+def test_kernel_export_on_a_server_without_nfsd_is_skipped_when_declared_optional() -> None:
+    data = yaml.safe_load(LAB_SPEC.read_text(encoding="utf-8"))
+    data["storage"]["nfs"]["exports"][0]["implementation"] = "kernel"
+    from provisioner.lab.cluster import LAB_SITE_VARS
+
+    res = load_text(yaml.safe_dump(data), "cluster.yaml", overlay={"site_vars": dict(LAB_SITE_VARS)})
+    assert res.cluster is not None
+    remote = NoKernelNfsRemote()
+    (export,) = _by_name(storage.check_storage(res.cluster, remote))["storage_export"]
+    assert export.skipped == ("/export/shared is a kernel export and sm1's kernel has no nfsd (declared optional): "
+                              "nothing can serve it")
+    assert not any("nfs-cp" in " ".join(a) for _, a in remote.calls)
+
+
+def test_export_probe_urls_and_command_lines() -> None:
+    probe = storage.ExportProbe("sm1", "10.0.0.2", "/export/home/", "4.1", "a", "b", ".f", "tok en", read_only=False)
+    assert probe.url(".f") == "nfs://10.0.0.2/export/home/.f?version=4"
+    assert probe.server_file == "/export/home/.f"
+    assert "printf %s 'tok en' > \"$t\" && nfs-cp \"$t\" 'nfs://10.0.0.2/export/home/.f?version=4'" in \
+        probe.write_argv()[2]
+    v3 = storage.ExportProbe("sm1", "fd00::2", "/x", "3", "a", "a", ".f", "t")
+    assert v3.url() == "nfs://[fd00::2]/x/?version=3"
+    with pytest.raises(ValueError, match="unsafe"):
+        storage.ExportProbe("sm1", "10.0.0.2", "/x;reboot", "4.2", "a", "a", ".f", "t").write_argv()

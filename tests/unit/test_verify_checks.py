@@ -108,6 +108,7 @@ def test_degraded_width_is_named(rate: float, phrase: str) -> None:
 
 def test_degraded_speed_is_named_apart_from_width() -> None:
     assert links.explain_rate(400, 200, "4X").startswith("width degraded to 2X")
+    assert "or speed degraded to HDR" in links.explain_rate(400, 200, "4X")  # NDR 2X = HDR 4X = 200 Gb/s
     assert links.explain_rate(400, 100, "4X").startswith("width degraded to 1X")
     assert links.explain_rate(200, 100, "4X").startswith("width degraded to 2X")
     assert links.explain_rate(400, 56, "4X").startswith("speed degraded to FDR")
@@ -240,13 +241,42 @@ def test_topology_without_legend_compares_nothing() -> None:
     assert gpudirect.topology_findings(cluster_from(ROCE).node("n1"), topo) == []
 
 
-def test_gdr_pair_floor_and_failure() -> None:
+def _gdr_runner(bad: str | None, detail: str = "exit 1: Couldn't allocate MR") -> gpudirect.GdrRunner:
+    """Every pair at 390 Gb/s except those touching ``bad`` (no result, the MR error)."""
+    return lambda a, b, rail: PairRun(None, detail) if bad in (a, b) else PairRun(390.0, "")
+
+
+def test_gdr_bandwidth_names_the_node_without_gpudirect_not_the_server() -> None:
     c = cluster_from(IB)
-    runs = {0: PairRun(390.0, ""), 1: PairRun(None, "exit 1: Couldn't allocate MR")}
-    found, figures = gpudirect.gdr_pair_findings(c, "gpu01", "gpu02", lambda a, b, rail: runs[rail])
-    assert figures == {"rail0_gpu0_gbps": 390.0}
-    assert [(f.device, f.severity) for f in found] == [("mlx5_1", "error")]
-    assert "Couldn't allocate MR" in found[0].message
+    for bad in ("gpu01", "gpu02", "gpu03", "gpu04"):
+        res = gpudirect.gdr_bandwidth(c, _gdr_runner(bad))
+        errors = [f for f in res.findings if f.severity == "error"]
+        assert not res.passed and {(f.node, f.device) for f in errors} == {(bad, "mlx5_0"), (bad, "mlx5_1")}, bad
+        assert all(f.check == "gpudirect_bandwidth" for f in res.findings)
+
+
+def test_gdr_bandwidth_healthy_passes_and_optional_gdr_only_warns() -> None:
+    c = cluster_from(IB)
+    res = gpudirect.gdr_bandwidth(c, _gdr_runner(None))
+    assert res.passed and not res.findings and res.measurements["pairs_passed"] == res.measurements["pairs_tested"]
+    optional = cluster_from(IB.replace("verify: {", "verify: {gpudirect: {required: false}, "))
+    res = gpudirect.gdr_bandwidth(optional, _gdr_runner("gpu03"))
+    assert res.passed and {f.severity for f in res.findings} == {"warning", "info"}
+
+
+def test_gpu_count_and_topology_pairing_from_nvidia_smi() -> None:
+    c = cluster_from(IB)
+    topo = parse("nvidia-smi-topo", load("nvidia-smi-topo", "nccl933_8gpu_9nic_partial.txt"))
+    node = c.node("gpu01")
+    one = {**topo, "gpus": topo["gpus"][:1]}
+    found = gpudirect.gpu_count_findings(node, one)
+    assert [(f.node, f.severity, f.observed) for f in found] == [("gpu01", "error", 1)]
+    assert "GPU1 missing" in found[0].message
+    assert gpudirect.gpu_count_findings(node, {**topo, "gpus": ["GPU0", "GPU1"]}) == []
+    lab = {"gpus": ["GPU0", "GPU1"], "nic_names": {"NIC0": "mlx5_0", "NIC1": "mlx5_1"},
+           "gpu_nic_affinity": {"GPU0": ["mlx5_1"], "GPU1": ["mlx5_0"]}}
+    pairs = gpudirect.nic_gpus(c, {"gpu01": lab})
+    assert pairs[("gpu01", "mlx5_0")] == 1 and pairs[("gpu01", "mlx5_1")] == 0  # topo wins over the spec
 
 
 # ---------------------------------------------------------------- perftest

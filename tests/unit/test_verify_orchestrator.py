@@ -58,7 +58,7 @@ class FakeRemote:
         if host in self.dead:
             return Completed(RC_UNREACHABLE, "", f"{host}: cannot connect: timed out")
         tool = argv[0]
-        if tool == "ibstat":
+        if tool == "ibstat" or argv[-1].startswith("ibstat;"):  # links probe: ibstat (+ ibstatus, counters)
             return Completed(0, IBSTAT, "")
         if tool == "ib_write_bw":
             peer_host = next(h for h, a in ((n, f"10.0.0.{n[1:]}") for n in ("n1", "n2", "n3", "n4")) if a == argv[-1])
@@ -140,7 +140,7 @@ def test_unreachable_node_is_could_not_run_not_a_crash(tmp_path: Path) -> None:
 
 def test_only_selects_tests_and_rejects_unknown() -> None:
     c = cluster()
-    assert select_tests(c, None) == ["links", "versions", "bandwidth", "nccl"]
+    assert select_tests(c, None) == ["links", "versions", "sm", "bandwidth", "nccl"]
     assert select_tests(c, ["bandwidth", "links"]) == ["links", "bandwidth"]
     with pytest.raises(UsageError, match="unknown test"):
         select_tests(c, ["linkz"])

@@ -1,0 +1,350 @@
+"""Every fault the lab can inject is found by ``verify`` and pinned on the right node, device and port.
+
+One lab (examples/lab/cluster.yaml: gpu01-03 with two NDR rails, sm1/sm2 running opensm as master and
+standby) is brought up once for the module. The converge phase is stood in for by apt installs from the
+lab's signed vendor repository (driver, CUDA, NCCL, nccl-tests, DOCA-OFED with perftest on the GPU nodes,
+opensm on the SM nodes), ``modprobe nvidia_peermem`` and starting the SM units; from then on everything
+goes through the product: ``verify(...)`` over SSH with verified host keys, Debian's real ``ibstat``, the
+simulated ``ib_write_bw``/``all_reduce_perf``/``iblinkinfo``/``sminfo``.
+
+Each fault test: inject → verify with the checks that should catch it → the finding names the right
+node/device/port (switch port for cabling, the SM node for a dead SM) at the right severity, no healthy
+node is blamed → clear, and the next test starts from a healthy lab. Tests run in file order; the
+hardware swap (which cannot be undone) runs last. Needs root, podman and the Debian mirror.
+Run: ``PROVISIONER_LAB_TEST_CLUSTER=<name> pytest -m lab tests/lab/test_verify_faults.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import time
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner.errors import LabError
+from provisioner.fabric.findings import Finding
+from provisioner.lab import cluster as lab
+from provisioner.lab import faults
+from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
+from provisioner.lab.host import ensure_containers_conf, podman
+from provisioner.lab.names import container_name
+from provisioner.spec import Cluster, load_cluster
+from provisioner.verify import VerifyRun, verify
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None, reason="needs root and podman"),
+]
+
+NAME = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "verifyfaults")
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lab" / "cluster.yaml"
+GPU_NODES = ("gpu01", "gpu02", "gpu03")
+SM_NODES = ("sm1", "sm2")
+HOSTS = GPU_NODES + SM_NODES
+PINS = """\
+Package: nvidia-* libnvidia-* cuda-drivers-*
+Pin: version 550.90.07*
+Pin-Priority: 1001
+
+Package: libnccl2 libnccl-dev
+Pin: version 2.21.5*
+Pin-Priority: 1001
+
+Package: nccl-tests
+Pin: version /\\+nccl2\\.21\\.5\\+/
+Pin-Priority: 1001
+
+Package: doca-ofed
+Pin: version 2.9.1*
+Pin-Priority: 1001
+"""
+APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dir::Etc::SourceList=/dev/null"
+PACKAGES = {"gpu": "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed", "sm": "opensm doca-ofed"}
+SM_PRIORITY = {"sm1": 15, "sm2": 14}
+
+
+@dataclass(frozen=True)
+class Lab:
+    cluster: Cluster
+    root: str
+
+
+def sh(host: str, command: str, timeout: float = 300) -> str:
+    """Run ``command`` in ``host``'s container (the trusted local channel the converge stand-in uses)."""
+    done = podman("exec", container_name(NAME, host), "sh", "-c", command, check=False, timeout=timeout)
+    assert done.returncode == 0, f"{host}: {command}\n{done.stdout}\n{done.stderr}"
+    return done.stdout
+
+
+def wait_for(what: str, probe: Callable[[], bool], deadline_s: float = 60.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not probe():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(0.5)
+
+
+def _converge(host: str) -> None:
+    """Stand-in for the converge phase: the vendor packages from the lab's signed repo, the module, the SM."""
+    kind = "gpu" if host in GPU_NODES else "sm"
+    sh(host, "install -D -m 0644 /run/lab/keys/lab-vendor.gpg /etc/apt/keyrings/lab-vendor.gpg && "
+             "echo 'deb [signed-by=/etc/apt/keyrings/lab-vendor.gpg] file:/run/lab/vendor-repo bookworm main'"
+             " > /etc/apt/sources.list.d/lab-vendor.list && "
+             f"printf '%s' {shlex.quote(PINS)} > /etc/apt/preferences.d/lab-pins && "
+             f"{APT} update && {APT} install -y --no-install-recommends {PACKAGES[kind]}")
+    if kind == "gpu":
+        sh(host, "modprobe nvidia_peermem")
+
+
+def _start_sm(host: str) -> None:
+    sh(host, f"mkdir -p /etc/opensm && printf 'sm_priority {SM_PRIORITY[host]}\\n' > /etc/opensm/opensm.conf && "
+             "systemctl start opensmd && systemctl is-active opensmd")
+
+
+def _all_active(cluster: Cluster) -> bool:
+    run = verify(cluster, tests=["links"], write=False)
+    return run.exit_code == 0
+
+
+@pytest.fixture(scope="module")
+def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
+    ensure_containers_conf()
+    spec = tmp_path_factory.mktemp("spec") / "cluster.yaml"
+    text = EXAMPLE.read_text().replace("cluster: {name: lab,", f"cluster: {{name: {NAME},")
+    spec.write_text(text + "  tests: [links, bandwidth, gpudirect, nccl, cabling]\n")
+    base, _ = load_cluster(spec)
+
+    def teardown() -> None:
+        try:
+            lab.lab_down(NAME)
+        except LabError:  # seen once: podman rm --force racing a container that was still stopping
+            lab.lab_down(NAME)
+        left = podman("ps", "-a", "--filter", f"label=provisioner-lab.cluster={NAME}", "--format", "{{.Names}}",
+                      check=False).stdout.split()
+        assert left == [], left
+
+    request.addfinalizer(teardown)  # also after a failed bring-up
+    info = lab.lab_up(NAME, lab_nodes(base), lab_switches(base), lab_cables(base), versions=lab_versions(base))
+    with ThreadPoolExecutor(max_workers=len(HOSTS)) as pool:
+        list(pool.map(_converge, HOSTS))
+    _start_sm("sm1")
+    cluster, _ = load_cluster(spec, info.overlay)
+    wait_for("every port Active under sm1", lambda: _all_active(cluster))
+    _start_sm("sm2")
+    yield Lab(cluster, str(info.state_dir))
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def serious(run: VerifyRun) -> list[Finding]:
+    return [f for f in run.report.findings() if f.severity in ("error", "warning")]
+
+
+def show(findings: Iterable[Finding]) -> list[str]:
+    return [f"{f.severity} {f.check} {f.location()}: {f.message}" for f in findings]
+
+
+def assert_only_blamed(run: VerifyRun, nodes: set[str]) -> None:
+    """No error or warning names a node outside ``nodes`` (as the node or as the peer)."""
+    wrong = [f for f in serious(run) if (f.node is not None and f.node not in nodes)
+             or (f.peer is not None and f.peer not in nodes and f.severity == "error" and f.node not in nodes)]
+    assert not wrong, show(wrong)
+
+
+def inject(labc: Lab, host: str, kind: str, **params: Any) -> None:
+    faults.inject(labc.root, host, kind, **params)
+
+
+def clear(labc: Lab, host: str, kind: str) -> None:
+    assert faults.clear(labc.root, host, kind), f"{kind} was not recorded on {host}"
+
+
+# ---------------------------------------------------------------- healthy
+
+
+def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
+    run = verify(labc.cluster, state_dir=tmp_path)
+    not_run = [(c.name, c.node, c.error) for c in run.report.checks if not c.ran]
+    assert not not_run, not_run
+    assert run.exit_code == 0, show(run.report.findings())
+    assert not serious(run), show(serious(run))
+    ran = {c.name for c in run.report.checks}
+    assert {"links", "versions", "subnet_manager", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
+            "cabling"} <= ran, ran
+
+
+# ---------------------------------------------------------------- faults, one test per kind
+
+
+def errors_of(run: VerifyRun, check: str) -> list[Finding]:
+    return [f for f in run.report.findings() if f.check == check and f.severity == "error"]
+
+
+@pytest.mark.parametrize(("kind", "host", "device", "params", "words"), [
+    ("port_down", "gpu02", "mlx5_1", {}, "down/polling"),
+    ("port_disabled", "gpu03", "mlx5_0", {}, "down/disabled"),
+    ("degraded_width", "gpu01", "mlx5_1", {"width": "2X"}, ": width 2X, expected 4X"),
+    ("degraded_rate", "gpu02", "mlx5_0", {}, ": speed HDR, expected NDR"),
+])
+def test_port_fault_is_named_by_links(labc: Lab, kind: str, host: str, device: str, params: dict[str, Any],
+                                      words: str) -> None:
+    inject(labc, host, kind, device=device, **params)
+    try:
+        run = verify(labc.cluster, tests=["links"], write=False)
+    finally:
+        clear(labc, host, kind)
+    found = errors_of(run, "links")
+    assert [(f.node, f.device, f.port) for f in found] == [(host, device, 1)], show(run.report.findings())
+    assert words in found[0].message
+    assert_only_blamed(run, {host})
+
+
+def test_slow_link_is_named_by_bandwidth_only(labc: Lab) -> None:
+    inject(labc, "gpu02", "slow_link", device="mlx5_1", bw_factor=0.5)
+    try:
+        run = verify(labc.cluster, tests=["links", "bandwidth"], write=False)
+    finally:
+        clear(labc, "gpu02", "slow_link")
+    assert errors_of(run, "links") == []  # ibstat cannot see it: only a measurement can
+    found = errors_of(run, "pairwise_bandwidth")
+    assert [(f.node, f.device, f.rail, f.peer) for f in found] == [("gpu02", "mlx5_1", 1, None)], show(found)
+    assert_only_blamed(run, {"gpu02"})
+
+
+def test_flapping_port_is_named_by_its_counters(labc: Lab) -> None:
+    """The flapping fault bounces the port once when injected and again on every traffic run over it
+    (link_error_recovery +1 each run, link_downed +1 in the runs it drops): links alone warns about the
+    counts, and links + bandwidth fails exactly that port because its counters grew during the run."""
+    inject(labc, "gpu03", "flapping", device="mlx5_1")
+    try:
+        before = verify(labc.cluster, tests=["links"], write=False)
+        run = verify(labc.cluster, tests=["links", "bandwidth"], write=False)
+    finally:
+        clear(labc, "gpu03", "flapping")
+        assert faults.reset_counters(labc.root, "gpu03") == 2  # perfquery -R after the fix: next test starts at 0
+    warned = [f for f in serious(before) if f.check == "links"]
+    assert {(f.severity, f.node, f.device, f.port) for f in warned} == {("warning", "gpu03", "mlx5_1", 1)}, show(warned)
+    assert sorted(f.message for f in warned) == [
+        "mlx5_1/1 error counters above threshold: symbol_error 12 (> 10)",
+        "mlx5_1/1 flapped 2 times since the counters were last cleared (link_downed 1, link_error_recovery 1)",
+    ], show(warned)
+    assert before.exit_code == 0
+    found = errors_of(run, "links")
+    assert [(f.node, f.device, f.port) for f in found] == [("gpu03", "mlx5_1", 1)], show(run.report.findings())
+    assert "flapped during this verify run" in found[0].message and "link_error_recovery 1 -> " in found[0].message
+    bandwidth = [f for f in serious(run) if f.check == "pairwise_bandwidth"]
+    assert all(f.rail == 1 and "gpu03" in (f.node, f.peer) for f in bandwidth), show(bandwidth)
+    assert_only_blamed(run, {"gpu03"})
+
+
+def test_gpu_missing_is_named_by_gpudirect(labc: Lab) -> None:
+    inject(labc, "gpu02", "gpu_missing")
+    try:
+        run = verify(labc.cluster, tests=["gpudirect"], write=False)
+    finally:
+        clear(labc, "gpu02", "gpu_missing")
+    count = errors_of(run, "gpudirect")
+    assert [(f.node, f.expected, f.observed) for f in count] == [("gpu02", 2, 1)], show(run.report.findings())
+    assert "GPU1 missing" in count[0].message
+    gdr = errors_of(run, "gpudirect_bandwidth")
+    assert {(f.node, f.device, f.rail) for f in gdr} == {("gpu02", "mlx5_1", 1)}, show(gdr)
+    assert_only_blamed(run, {"gpu02"})
+
+
+def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:
+    inject(labc, "gpu03", "peermem_missing")
+    try:
+        run = verify(labc.cluster, tests=["gpudirect", "nccl"], write=False)
+    finally:
+        clear(labc, "gpu03", "peermem_missing")
+        sh("gpu03", "modprobe nvidia_peermem")  # clearing restores the module file, not the loaded module
+    module = errors_of(run, "gpudirect")
+    assert [f.node for f in module] == ["gpu03"] and "nvidia_peermem is not loaded" in module[0].message
+    gdr = errors_of(run, "gpudirect_bandwidth")
+    assert {(f.node, f.device) for f in gdr} == {("gpu03", "mlx5_0"), ("gpu03", "mlx5_1")}, show(gdr)
+    nccl = errors_of(run, "nccl")
+    assert [f.node for f in nccl] == [None, "gpu03"], show(nccl)  # the cluster run, then the follow-up's verdict
+    assert_only_blamed(run, {"gpu03"})
+
+
+def test_slow_rail_fails_nccl_and_the_follow_up_names_the_node(labc: Lab) -> None:
+    inject(labc, "gpu02", "slow_link", device="mlx5_1", bw_factor=0.5)
+    try:
+        run = verify(labc.cluster, tests=["nccl"], write=False)
+    finally:
+        clear(labc, "gpu02", "slow_link")
+    nccl = errors_of(run, "nccl")
+    assert [f.node for f in nccl] == [None, "gpu02"], show(run.report.findings())
+    assert "below 80 GB/s" in nccl[0].message
+    assert_only_blamed(run, {"gpu02"})
+
+
+def test_unreachable_node_is_could_not_run_not_a_hang(labc: Lab) -> None:
+    inject(labc, "gpu01", "unreachable", method="pause")
+    try:
+        run = verify(labc.cluster, tests=["links"], write=False)
+    finally:
+        clear(labc, "gpu01", "unreachable")
+    assert [(c.name, c.node) for c in run.report.checks if not c.ran] == [("links", "gpu01")]
+    assert run.exit_code == 2 and not serious(run), show(run.report.findings())
+
+
+def _master_guid() -> str:
+    out = podman("exec", container_name(NAME, "gpu01"), "sminfo", check=False).stdout
+    return out.split("sm guid ")[1].split(",")[0] if "sm guid " in out else ""
+
+
+def test_sm_killed_standby_takeover_names_the_dead_master(labc: Lab) -> None:
+    healthy = _master_guid()
+    inject(labc, "sm1", "sm_killed")
+    try:
+        wait_for("the standby to take over", lambda: _master_guid() not in ("", healthy))
+        run = verify(labc.cluster, tests=["links", "sm"], write=False)
+    finally:
+        clear(labc, "sm1", "sm_killed")
+    wait_for("sm1 master again", lambda: _master_guid() == healthy)
+    assert errors_of(run, "links") == []  # every port follows the new SM LID: links alone sees nothing
+    found = errors_of(run, "subnet_manager")
+    assert [(f.node, f.device, f.port) for f in found] == [("sm1", "mlx5_0", 1)], show(run.report.findings())
+    assert "sm2 (priority 14" in found[0].message and "no failover" in found[0].message
+    assert_only_blamed(run, {"sm1"})
+
+
+def test_cables_swapped_are_named_at_the_switch_ports(labc: Lab) -> None:
+    inject(labc, "gpu01", "cables_swapped", device="mlx5_0", other_host="gpu02", other_device="mlx5_0")
+    try:
+        run = verify(labc.cluster, tests=["cabling"], write=False)
+    finally:
+        clear(labc, "gpu01", "cables_swapped")
+    found = errors_of(run, "cabling")
+    assert [(f.node, f.device, f.expected, f.observed) for f in found] == [
+        ("gpu01", "mlx5_0", "leaf1 port 1", "leaf1 port 2"),
+        ("gpu02", "mlx5_0", "leaf1 port 2", "leaf1 port 1"),
+    ], show(run.report.findings())
+    assert "move the cable from leaf1 port 2 to leaf1 port 1" in found[0].hint
+    assert_only_blamed(run, {"gpu01", "gpu02"})
+
+
+def test_every_fault_kind_has_a_test_here() -> None:
+    text = Path(__file__).read_text()
+    assert [k for k in faults.FAULT_KINDS if f'"{k}"' not in text] == []
+
+
+def test_hardware_swap_last_changed_host_key_stops_that_node_only(labc: Lab) -> None:
+    """Runs last: a swapped board cannot be swapped back, and its new host key is never learnt silently."""
+    inject(labc, "gpu02", "hardware_swap")
+    wait_for("sshd back", lambda: podman("exec", container_name(NAME, "gpu02"), "systemctl", "is-active", "ssh",
+                                         check=False).stdout.strip() == "active")
+    run = verify(labc.cluster, tests=["links"], write=False)
+    not_run = [(c.name, c.node, c.error or "") for c in run.report.checks if not c.ran]
+    assert [(n, h) for n, h, _ in not_run] == [("links", "gpu02")], not_run
+    assert "host key" in not_run[0][2] and "SHA256:" in not_run[0][2], not_run
+    assert run.exit_code == 2 and not serious(run), show(run.report.findings())
