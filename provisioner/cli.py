@@ -211,14 +211,78 @@ def up(
                       forks=forks, max_fail=max_fail, resume=resume, overlay=str(overlay) if overlay else None,
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
     steps = _verify_steps(spec, overlay, out_dir)
+    hook = _drift_hook(spec, overlay)
     if as_json:
-        journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout))
+        journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
+                                after_converge=hook)
     else:
         with LiveReporter(err) as rep:
-            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep)
+            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep, after_converge=hook)
         for line in summary_lines(journal):
             err.print(line, markup=False)
+        _print_run_drift(spec, overlay, out_dir, journal.run_id)
     raise typer.Exit({"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2))
+
+
+def _drift_hook(spec: Path, overlay: Path | None) -> Any:
+    """The run engine's after-converge hook: fetch every converged node's manifest, compare, store."""
+    from provisioner.drift import check_cluster
+    from provisioner.phases import StepContext
+
+    def hook(ctx: StepContext) -> str:
+        cluster, _ = load_cluster(spec, overlay)
+        return "drift: " + check_cluster(cluster, ctx.state_dir, nodes=ctx.hosts, run_id=ctx.run_dir.name).note()
+
+    return hook
+
+
+def _print_run_drift(spec: Path, overlay: Path | None, out_dir: Path | None, run_id: str) -> None:
+    """The drift findings of this run (written by the hook), below the run summary."""
+    from provisioner.drift import DriftReport, summary_lines
+
+    cluster, _ = load_cluster(spec, overlay)
+    path = (out_dir or Path(".provision") / cluster.name) / "runs" / run_id / "drift.json"
+    if path.is_file():
+        for line in summary_lines(DriftReport.from_json(json.loads(path.read_text(encoding="utf-8")))):
+            err.print(line, markup=False)
+
+
+def _print_latest_drift(state_dir: Path) -> None:
+    from provisioner.drift import load_latest, summary_lines
+
+    report = load_latest(state_dir)
+    if report is not None:
+        for line in summary_lines(report):
+            out.print(line, markup=False)
+
+
+@app.command("drift")
+def drift_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04].")]
+    = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the drift report as JSON.")] = False,
+) -> None:
+    """Read every node's manifest (/var/lib/provisioner/manifest.json) over SSH and report drift: versions off
+    the spec's pins (errors) and nodes that differ from their peers (warnings, the majority value named).
+
+    Exit 0 no drift, 1 drift or nodes without a manifest, 2 could not run.
+    """
+    from provisioner.drift import check_cluster, summary_lines
+    from provisioner.phases import expand_limit
+
+    cluster, _ = load_cluster(spec, overlay)
+    nodes = expand_limit(limit, [n.name for n in cluster.nodes])
+    report = check_cluster(cluster, out_dir or Path(".provision") / cluster.name, nodes=nodes)
+    if as_json:
+        out.print_json(json.dumps(report.to_json()))
+    else:
+        for line in summary_lines(report):
+            out.print(line, markup=False)
+    raise typer.Exit(1 if report.findings or report.missing else 0)
 
 
 @app.command("status")
@@ -247,6 +311,7 @@ def status_cmd(
         table.add_row(r.run_id, r.started, r.status + (f" ({r.stop_reason})" if r.stop_reason else ""), r.phases,
                       str(r.hosts), r.set_aside or "-")
     out.print(table)
+    _print_latest_drift(out_dir or Path(".provision") / cluster.name)
 
 
 @app.command("verify")
@@ -254,7 +319,8 @@ def verify_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
     only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, bandwidth, "
-                                             "gpudirect, nccl, cabling (default: the spec's verify.tests).")] = None,
+                                             "gpudirect, nccl, cabling, storage (default: the spec's "
+                                             "verify.tests).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="Bandwidth mode quick|full (default: the spec's).")]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json to standard output.")] = False,
@@ -289,6 +355,85 @@ def verify_cmd(
             out.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
         out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
     raise typer.Exit(run.exit_code)
+
+
+@app.command("replace-node")
+def replace_node_cmd(
+    spec: SpecArg,
+    node: Annotated[str, typer.Argument(help="The node whose board, HCA or disk was swapped and reinstalled.",
+                                        show_default=False)],
+    overlay: OverlayOpt = None,
+    accept_new_host_key: Annotated[bool, typer.Option("--accept-new-host-key", help="Trust the new SSH host key "
+                                                      "the node offers (its fingerprint is printed first).")]
+    = False,
+    host_key_fingerprint: Annotated[str | None, typer.Option("--host-key-fingerprint", help="Trust the new key "
+                                                             "only if it has this fingerprint (SHA256:...).")]
+    = None,
+    peers: Annotated[int, typer.Option("--peers", min=1, help="Healthy peers to measure it against.")] = 2,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+) -> None:
+    """Bring a swapped node back: trust its new host key (explicitly), record the new GUIDs, converge it alone,
+    update the SM's partitions, verify it against healthy peers.
+
+    Exit 0 passed, 1 the node was set aside or has findings, 2 could not run (e.g. the host key was refused).
+    """
+    from provisioner.progress import LiveReporter
+    from provisioner.replace import replace_node, summary_lines
+
+    with LiveReporter(err) as rep:
+        result = replace_node(spec, node, overlay=overlay, state_dir=out_dir, accept_new_host_key=accept_new_host_key,
+                              host_key_fingerprint=host_key_fingerprint, peers=peers, reporter=rep,
+                              progress=lambda m: err.print(f"[replace] {m}", markup=False))
+    for line in summary_lines(result):
+        out.print(line, markup=False)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("trust-host")
+def trust_host_cmd(
+    spec: SpecArg,
+    nodes: Annotated[str, typer.Argument(help="Nodes, hostlist syntax: gpu[01-04].", show_default=False)],
+    overlay: OverlayOpt = None,
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", help="The SHA256 fingerprint read on the "
+                                                    "node's console (one node only).")] = None,
+    fingerprints: Annotated[Path | None, typer.Option("--fingerprints", help="File of '<node> SHA256:...' lines "
+                                                      "(a rack at once).")] = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+) -> None:
+    """Record new nodes' SSH host keys in the spec's known_hosts, only where the node offers the fingerprint you
+    give. Without one it prints what each node offers and records nothing. A node whose recorded key changed is
+    a swapped node: use replace-node.
+
+    Exit 0 every node trusted (now or before), 2 anything refused or unreachable.
+    """
+    from provisioner.errors import UsageError
+    from provisioner.phases import expand_limit
+    from provisioner.remote import targets_from_cluster
+    from provisioner.state import record_host_key
+    from provisioner.trust import check_fingerprint, parse_fingerprints, trust_hosts
+
+    cluster, _ = load_cluster(spec, overlay)
+    chosen = expand_limit(nodes, [n.name for n in cluster.nodes]) or []
+    expected: dict[str, str] = {}
+    if fingerprints is not None:
+        try:
+            text = fingerprints.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{fingerprints}: cannot read ({exc.strerror})") from None
+        expected.update(parse_fingerprints(text, str(fingerprints)))
+    if fingerprint is not None:
+        if len(chosen) != 1:
+            raise UsageError("--fingerprint names one node's key; for several nodes use --fingerprints FILE")
+        expected[chosen[0]] = check_fingerprint(fingerprint, "--fingerprint")
+    results = trust_hosts(targets_from_cluster(cluster), chosen, expected)
+    state = out_dir or Path(".provision") / cluster.name
+    for r in results:
+        if r.status == "trusted" and r.offered:
+            record_host_key(state, r.node, old=[], new=r.offered, key_type="ssh")
+        out.print(f"{r.node}: {r.status}: {r.offered or '-'}: {r.detail}", markup=False)
+    raise typer.Exit(0 if all(r.status in ("trusted", "known") for r in results) else 2)
 
 
 export_app = typer.Typer(help="Export the expected state for other tools.", no_args_is_help=True)
@@ -360,16 +505,30 @@ def lab_up_cmd(
     spec: SpecArg,
     max_nodes: Annotated[int | None, typer.Option("--nodes", min=1, help="Bring up only the first N nodes "
                                                   "(for small machines).")] = None,
+    faults_file: Annotated[Path | None, typer.Option("--faults", help="YAML list of faults ({node, kind, <params>}, "
+                                                     "or a file with a faults: list) to inject once the lab is up.",
+                                                     dir_okay=False)] = None,
 ) -> None:
     """Start one systemd container per node of the spec, with simulated GPUs/HCAs, SSH and known_hosts."""
-    from provisioner.lab.cluster import lab_up
-    from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
+    from provisioner.lab import faults, fromspec
+    from provisioner.lab.cluster import cluster_dir, lab_up
 
     cluster, warnings = load_cluster(spec)
     _print_diagnostics(warnings)
-    info = lab_up(cluster.name, lab_nodes(cluster), lab_switches(cluster), lab_cables(cluster),
-                  max_nodes=max_nodes, progress=_log, versions=lab_versions(cluster))
+    nodes = fromspec.lab_nodes(cluster)[:max_nodes] if max_nodes else fromspec.lab_nodes(cluster)
+    wanted = faults.load_fault_list(faults_file, {n.hostname: {h.device for h in n.hcas} for n in nodes}) \
+        if faults_file else []
+    info = lab_up(cluster.name, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
+                  fromspec.lab_cables(cluster), max_nodes=max_nodes, progress=_log,
+                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster))
+    root = str(cluster_dir(cluster.name))
+    fromspec.write_switch_links(root, fromspec.lab_switch_links(cluster))
+    for record in faults.apply_fault_list(root, wanted):
+        _log(f"injected {record['kind']} " + " ".join(f"{k}={v}" for k, v in record.items()
+                                                      if k not in ("kind", "saved", "set")))
     out.print(f"lab {info.cluster}: {len(info.addresses)} node(s) up; overlay {info.overlay}", markup=False)
+    if wanted:
+        out.print(f"{len(wanted)} fault(s) injected from {faults_file}", markup=False)
     out.print(f"next: provision {spec} --overlay {info.overlay}", markup=False)
 
 
@@ -407,31 +566,41 @@ def lab_status_cmd(
 @lab_app.command("fault")
 def lab_fault_cmd(
     cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")],
-    node: Annotated[str, typer.Argument(help="Node host name.")],
-    kind: Annotated[str, typer.Argument(help="port_down, port_disabled, degraded_width, degraded_rate, slow_link, "
-                                        "flapping, cables_swapped, peermem_missing, gpu_missing, unreachable, "
-                                        "sm_killed, hardware_swap.")],
-    params: Annotated[list[str] | None, typer.Argument(help="key=value parameters, e.g. device=mlx5_1 factor=0.5")]
-    = None,
+    node: Annotated[str | None, typer.Argument(help="Node host name.")] = None,
+    kind: Annotated[str | None, typer.Argument(help="port_down, port_disabled, degraded_width, degraded_rate, "
+                                               "slow_link, flapping, cables_swapped, peermem_missing, gpu_missing, "
+                                               "unreachable, sm_killed, hardware_swap.")] = None,
+    params: Annotated[list[str] | None, typer.Argument(help="key=value parameters, e.g. device=mlx5_1 "
+                                                       "bw_factor=0.5")] = None,
     clear: Annotated[bool, typer.Option("--clear", help="Clear this fault (or all faults of the node).")] = False,
+    file: Annotated[Path | None, typer.Option("--file", help="Inject every fault of a YAML fault list (checked "
+                                              "as a whole first).", dir_okay=False)] = None,
 ) -> None:
     """Inject a fault into the running lab (takes effect at once), or clear it with --clear."""
     from provisioner.errors import UsageError
     from provisioner.lab import faults
     from provisioner.lab.cluster import cluster_dir
 
+    root = str(cluster_dir(_cluster_name(cluster)))
+    if file is not None:
+        if node or kind or params or clear:
+            raise UsageError("--file takes no node, kind, parameters or --clear")
+        records = faults.apply_fault_list(root, faults.load_fault_list(file, faults.lab_devices(root)))
+        out.print(f"injected {len(records)} fault(s) from {file}", markup=False)
+        return
+    if not node or not kind:
+        raise UsageError("give a node and a fault kind (or --file FILE)")
     kv: dict[str, Any] = {}
     for item in params or []:
         if "=" not in item:
             raise UsageError(f"parameter '{item}' is not key=value")
         k, v = item.split("=", 1)
-        kv[k] = int(v) if v.isdigit() else (float(v) if v.replace(".", "", 1).isdigit() else v)
-    root = str(cluster_dir(_cluster_name(cluster)))
+        kv[k] = v
     if clear:
         faults.clear(root, node, None if kind == "all" else kind, **kv)
         out.print(f"{node}: cleared {kind}", markup=False)
     else:
-        faults.inject(root, node, kind, **kv)
+        faults.inject(root, node, kind, **faults.check_params(kind, kv))
         out.print(f"{node}: injected {kind}", markup=False)
 
 
@@ -444,7 +613,7 @@ def _cluster_name(arg: str) -> str:
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export"}
+            "export", "drift", "trust-host"}
 
 
 def main(argv: list[str] | None = None) -> int:

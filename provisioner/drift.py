@@ -222,10 +222,13 @@ def peer_findings(groups: Mapping[str, Iterable[str]], manifests: Mapping[str, M
 
 
 def peer_groups(cluster: Cluster) -> dict[str, list[str]]:
-    """Nodes that should run the same software: those of one hardware profile."""
+    """Nodes that should run the same software: one hardware profile *and* the same roles (an NFS server and a
+    standby SM of one profile differ on purpose: the server has nfs-ganesha)."""
     out: dict[str, list[str]] = {}
     for n in cluster.nodes:
-        out.setdefault(f"profile {n.profile}", []).append(n.name)
+        roles = sorted(n.roles)
+        group = f"profile {n.profile}" + (f" with roles {', '.join(roles)}" if roles else "")
+        out.setdefault(group, []).append(n.name)
     return out
 
 

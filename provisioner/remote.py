@@ -178,7 +178,7 @@ class _RejectWithFingerprint(paramiko.RejectPolicy):
             f"{t.name} ({hostname}): host key {key.get_name()} {fingerprint(key)} is not in {t.known_hosts}; "
             "refusing to connect",
             hint=f"compare the fingerprint with the node's console (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
-            f"then accept it explicitly: provision trust-host {t.name} --fingerprint {fingerprint(key)}",
+            f"then accept it explicitly: provision trust-host SPEC {t.name} --fingerprint {fingerprint(key)}",
         )
 
 
@@ -202,12 +202,8 @@ def _load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
     return keys
 
 
-def accept_host_key(target: SshTarget, expected_fingerprint: str, timeout: float = 10.0) -> str:
-    """Fetch ``target``'s host key, compare it with the fingerprint the operator gave, and record it.
-
-    Returns the known_hosts line written. Raises RemoteError (writing nothing) when the fingerprints differ,
-    which is the whole point: the operator vouches for a key they checked out of band (console, BMC).
-    """
+def fetch_host_key(target: SshTarget, timeout: float = 10.0) -> paramiko.PKey:
+    """The host key ``target`` offers now (an SSH handshake, no authentication, nothing trusted or written)."""
     import socket
 
     try:
@@ -217,21 +213,98 @@ def accept_host_key(target: SshTarget, expected_fingerprint: str, timeout: float
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
-        key = transport.get_remote_server_key()
-    except paramiko.SSHException as exc:
-        raise RemoteError(f"{target.name}: SSH handshake failed: {exc}") from exc
+        return transport.get_remote_server_key()
+    except (paramiko.SSHException, EOFError) as exc:  # EOFError: the server hung up during the handshake
+        raise RemoteError(f"{target.name}: SSH handshake failed: {exc or 'the server closed the connection'}") from exc
     finally:
         transport.close()
+
+
+def accept_host_key(target: SshTarget, expected_fingerprint: str, timeout: float = 10.0) -> str:
+    """Fetch ``target``'s host key, compare it with the fingerprint the operator gave, and record it.
+
+    Returns the known_hosts line written. Raises RemoteError (writing nothing) when the fingerprints differ,
+    which is the whole point: the operator vouches for a key they checked out of band (console, BMC).
+    """
+    key = fetch_host_key(target, timeout)
     got = fingerprint(key)
     if got != expected_fingerprint.strip():
         raise RemoteError(
             f"{target.name}: host key fingerprint is {got}, not {expected_fingerprint}; nothing recorded",
             hint="someone may be in the middle, or the fingerprint was copied from the wrong node",
         )
-    line = f"{target.name},{known_hosts_name(target.address, target.port)} {key.get_name()} {key.get_base64()}"
+    line = known_hosts_line(target, key)
     with target.known_hosts.open("a", encoding="utf-8") as fh:
         fh.write(line + "\n")
     return line
+
+
+def known_hosts_line(target: SshTarget, key: paramiko.PKey) -> str:
+    """``name,address type base64``: the line that trusts ``key`` for the node under both names."""
+    return f"{target.name},{known_hosts_name(target.address, target.port)} {key.get_name()} {key.get_base64()}"
+
+
+def _names_of(target: SshTarget) -> set[str]:
+    return {target.name, known_hosts_name(target.name, target.port), known_hosts_name(target.address, target.port)}
+
+
+def _line_is_for(line: str, names: set[str]) -> bool:
+    """Whether a known_hosts line names one of ``names`` (plain or hashed ``|1|salt|hash`` host fields)."""
+    text = line.strip()
+    if not text or text.startswith("#") or text.startswith("@"):
+        return False  # comments and @cert-authority/@revoked markers are never a node's own key
+    hosts = text.split(None, 1)[0].split(",")
+    for host in hosts:
+        if host.startswith("|1|"):
+            if any(paramiko.HostKeys.hash_host(n, host) == host for n in names):
+                return True
+        elif host in names:
+            return True
+    return False
+
+
+def recorded_host_keys(target: SshTarget) -> list[paramiko.PKey]:
+    """The keys ``target``'s known_hosts trusts for the node (by name or address); empty when none."""
+    if not target.known_hosts.is_file():
+        return []
+    keys: list[paramiko.PKey] = []
+    for line in target.known_hosts.read_text(encoding="utf-8").splitlines():
+        if not _line_is_for(line, _names_of(target)):
+            continue
+        entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
+        if entry is not None and entry.key is not None:
+            keys.append(entry.key)
+    return keys
+
+
+def replace_host_key(target: SshTarget, key: paramiko.PKey, note: str) -> list[str]:
+    """Trust ``key`` for the node instead of whatever known_hosts held for it; return the old lines.
+
+    The old lines stay in the file as comments (``# <note>: <old line>``), so the file itself shows what
+    was trusted before and when it changed; ssh and paramiko skip comment lines. The file is rewritten
+    atomically with its mode kept: a half-written known_hosts would lock every run out.
+    """
+    import os
+    import tempfile
+
+    path = target.known_hosts
+    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    names = _names_of(target)
+    old = [ln for ln in lines if _line_is_for(ln, names)]
+    kept = [f"# {note}: {ln.strip()}" if _line_is_for(ln, names) else ln for ln in lines]
+    kept.append(known_hosts_line(target, key))
+    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write("\n".join(kept) + "\n")
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return old
 
 
 # ---------------------------------------------------------------- channels
@@ -382,8 +455,8 @@ class SshRemote:
                     f"{fingerprint(exc.key)}, {target.known_hosts} has {fingerprint(exc.expected_key)}; "
                     "refusing to connect",
                     hint="if the node was reinstalled or swapped, confirm the new fingerprint on its console, "
-                    f"remove the old line (ssh-keygen -R {target.address} -f {target.known_hosts}) and accept "
-                    f"it explicitly: provision trust-host {host} --fingerprint {fingerprint(exc.key)}",
+                    f"then bring it back: provision replace-node <cluster.yaml> {host} --host-key-fingerprint "
+                    f"{fingerprint(exc.key)}",
                 ) from None
             except paramiko.AuthenticationException as exc:
                 client.close()

@@ -183,7 +183,7 @@ def status_rows(state_dir: Path, last: int = 10) -> list[StatusRow]:
 @dataclass(frozen=True)
 class HardwareChange:
     node: str
-    kind: str          # guid or serial
+    kind: str          # guid, serial or host_key
     key: str           # port ("mlx5_0/1") or component ("board", "gpu0", "mlx5_0")
     old: str | None
     new: str | None
@@ -236,3 +236,36 @@ def record_hardware(state_dir: Path, node: str, *, guids: dict[str, str], serial
                             for c in changes)
     write_json_atomic(state_dir / HARDWARE, data)
     return changes
+
+
+def record_host_key(state_dir: Path, node: str, *, old: list[str], new: str, key_type: str,
+                    when: str | None = None) -> HardwareChange:
+    """Record that `node`'s SSH host key was replaced (old fingerprints -> new), next to its hardware changes.
+
+    A reinstalled or swapped node gets a new key; keeping the old fingerprints says which key the cluster
+    trusted before and when that changed, for whoever later wonders why a fingerprint differs.
+    """
+    when = when or utcnow()
+    data = load_hardware(state_dir)
+    entry = data["nodes"].setdefault(node, {"first_seen": when, "current": {"guids": {}, "serials": {}},
+                                            "history": []})
+    change = HardwareChange(node, "host_key", key_type, ", ".join(old) or None, new, when)
+    entry.setdefault("current", {}).setdefault("host_key", {})[key_type] = new
+    entry["history"].append({"when": when, "kind": change.kind, "key": change.key, "old": change.old,
+                             "new": change.new})
+    write_json_atomic(state_dir / HARDWARE, data)
+    return change
+
+
+def current_hardware(state_dir: Path, node: str) -> dict[str, dict[str, str]]:
+    """What the history holds for `node` now ({"guids": {...}, "serials": {...}}); empty when never seen."""
+    entry = load_hardware(state_dir)["nodes"].get(node) or {}
+    current = entry.get("current") or {}
+    return {"guids": dict(current.get("guids") or {}), "serials": dict(current.get("serials") or {})}
+
+
+def hardware_history(state_dir: Path, node: str) -> list[HardwareChange]:
+    """Every recorded change of `node`, oldest first (GUIDs, serials, host keys)."""
+    entry = load_hardware(state_dir)["nodes"].get(node) or {}
+    return [HardwareChange(node, str(h.get("kind")), str(h.get("key")), h.get("old"), h.get("new"),
+                           str(h.get("when"))) for h in entry.get("history", [])]

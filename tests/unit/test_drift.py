@@ -272,3 +272,17 @@ def test_hook_failure_is_a_note_not_a_failed_run(tmp_path: Path) -> None:
     assert j.status == "passed"
     storage = j.phase("storage")
     assert storage is not None and storage.note == "drift check could not run: known_hosts file /x does not exist"
+
+
+def test_peers_are_grouped_by_profile_and_roles(tmp_path: Path) -> None:
+    from provisioner.drift import peer_groups
+
+    text = (Path(__file__).parents[2] / "examples" / "lab" / "cluster.yaml").read_text().replace(
+        '{name: "sm[1-2]", address: "10.213.38.[21-22]", profile: svc, roles: [subnet_manager, nfs_server]}',
+        '{name: sm1, address: 10.213.38.21, profile: svc, roles: [subnet_manager, nfs_server]}\n'
+        '  - {name: sm2, address: 10.213.38.22, profile: svc, roles: [subnet_manager]}')
+    spec = tmp_path / "regrouped.yaml"
+    spec.write_text(text)
+    groups = peer_groups(load_cluster(spec)[0])
+    assert groups["profile svc with roles nfs_server, subnet_manager"] == ["sm1"]
+    assert groups["profile svc with roles subnet_manager"] == ["sm2"]

@@ -142,7 +142,7 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
     with SshRemote({"node1": _target(port, client_file, empty)}) as remote, pytest.raises(RemoteError) as err:
         remote.run("node1", ["true"], timeout=5)
     assert fingerprint(host_key) in err.value.message and "node1" in err.value.message
-    assert "trust-host node1 --fingerprint" in (err.value.hint or "")
+    assert "trust-host SPEC node1 --fingerprint" in (err.value.hint or "")
     assert empty.read_text() == ""  # nothing learnt
 
 

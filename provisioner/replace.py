@@ -1,0 +1,512 @@
+"""``provision replace-node``: bring one swapped or reinstalled node back into a running cluster.
+
+A node whose board, HCA or disk was replaced comes back with a new SSH host key and new port GUIDs. The rest
+of the cluster is fine and must stay untouched; what depends on the node's hardware elsewhere (the subnet
+manager's partition members, its own ``guid`` when the node is an SM) must follow. The steps, in order:
+
+1. **Host key.** The key the node offers is shown (SHA256) and trusted only when the operator says so
+   (``--accept-new-host-key``, or ``--host-key-fingerprint`` that must match). known_hosts gets the old lines
+   commented out and the new one added; the hardware history keeps old → new fingerprints. Never automatic.
+2. **Hardware.** Port GUIDs (``ibstat``), node GUIDs and board ids (sysfs), GPU serials (``nvidia-smi``) and
+   the board serial (DMI, where readable) are read over SSH and recorded: the history says old → new.
+3. **Converge the node only**: the node phases of the run engine with ``--limit NODE``.
+4. **The SM side**: the fabric phase limited to the SM nodes. The opensm role reads the members' port GUIDs
+   live, so partitions.conf is re-rendered with the new ones and its handler restarts the SM only when the
+   configuration changed.
+5. **Verify the node against healthy peers**: links and versions on it, bandwidth against each peer on every
+   rail (full mode on the small set, so each node–peer pair is measured), GPUDirect with a peer, NCCL across
+   it and its peers. The report lands under ``<state>/replace/<node>/<time>/``.
+
+Exit codes like the other commands: 0 all passed, 1 a phase set the node aside or verification found
+problems, 2 could not run (refused host key, unreachable, a phase not built).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import ParseError, ProvisionerError, RemoteError, UsageError
+from provisioner.fabric import links
+from provisioner.parsers import parse
+from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
+from provisioner.remote import (
+    Remote,
+    SshRemote,
+    SshTarget,
+    fetch_host_key,
+    fingerprint,
+    recorded_host_keys,
+    replace_host_key,
+    targets_from_cluster,
+)
+from provisioner.report import VerifyReport
+from provisioner.spec.cluster import Cluster, Node
+from provisioner.state import (
+    HardwareChange,
+    PhaseRecord,
+    RunJournal,
+    current_hardware,
+    last_run,
+    record_hardware,
+    record_host_key,
+    utcnow,
+)
+
+NODE_PHASES = ("preflight", "repos", "gpu_stack", "ofed")
+"""Converged on the replaced node alone, before the SM side (the normal run's order)."""
+AFTER_FABRIC_PHASES = ("storage",)
+SM_CONFIG_TASKS = frozenset({"Write opensm.conf", "Write partitions.conf"})
+"""Task names of roles/opensm whose change means the SM's configuration changed."""
+SM_RESTART_HANDLER = "Restart opensm"
+"""The opensm role's only restart path (a handler, so it runs only when the configuration changed)."""
+FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
+PROBE_TIMEOUT_S = 30.0
+DEFAULT_PEERS = 2
+
+# Constant shell snippets (no spec value reaches them): one line per HCA / the DMI board serial.
+SYSFS_PROBE = (
+    'for d in /sys/class/infiniband/*; do [ -d "$d" ] || continue; '
+    'printf "%s %s %s\\n" "${d##*/}" "$(cat "$d/node_guid" 2>/dev/null)" "$(cat "$d/board_id" 2>/dev/null)"; '
+    "done"
+)
+BOARD_PROBE = "cat /sys/class/dmi/id/board_serial 2>/dev/null || dmidecode -s baseboard-serial-number 2>/dev/null"
+GPU_PROBE = ["nvidia-smi", "--query-gpu=index,serial", "--format=csv,noheader"]
+
+Progress = Callable[[str], None]
+
+
+class HostKeyRefused(ProvisionerError):
+    """The node offers a key the operator has not accepted: nothing was changed."""
+
+    exit_code = 2
+
+
+# ---------------------------------------------------------------------------------------------------------
+# pure parts
+
+
+def check_fingerprint(value: str | None) -> str | None:
+    """``--host-key-fingerprint`` as OpenSSH prints it (``SHA256:`` + 43 base64 characters), or a UsageError."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not FINGERPRINT.match(text):
+        raise UsageError(f"--host-key-fingerprint {value!r} is not a SHA256 fingerprint",
+                         hint="copy it from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node's "
+                         "console, e.g. SHA256:" + "A" * 43)
+    return text
+
+
+@dataclass(frozen=True)
+class KeyDecision:
+    """What to do with the offered key: ``unchanged`` (already trusted) or ``replace``."""
+
+    action: str
+    offered: str
+    known: tuple[str, ...]
+
+
+def decide_host_key(node: str, offered: str, known: Sequence[str], *, accept_new: bool,
+                    expected: str | None) -> KeyDecision:
+    """Trust the offered key only on the operator's word; a refusal says the fingerprint and what to run."""
+    if offered in known:
+        if expected is not None and expected != offered:
+            raise HostKeyRefused(f"{node} offers {offered}, which known_hosts already trusts, but "
+                                 f"--host-key-fingerprint says {expected}; nothing changed",
+                                 hint="check which node the fingerprint was copied from")
+        return KeyDecision("unchanged", offered, tuple(known))
+    was = f"known_hosts has {', '.join(known)}" if known else "known_hosts has no key for it"
+    if expected is not None:
+        if expected != offered:
+            raise HostKeyRefused(f"{node} offers host key {offered}, not the {expected} you gave ({was}); "
+                                 "nothing changed",
+                                 hint="someone may be in the middle, or the fingerprint is from another node: "
+                                 "check it on the node's console again")
+        return KeyDecision("replace", offered, tuple(known))
+    if not accept_new:
+        raise HostKeyRefused(f"{node} offers a new host key {offered} ({was}); refusing to trust it",
+                             hint="compare it with the node's console (ssh-keygen -lf "
+                             "/etc/ssh/ssh_host_ed25519_key.pub), then rerun with --host-key-fingerprint "
+                             f"{offered} (or --accept-new-host-key)")
+    return KeyDecision("replace", offered, tuple(known))
+
+
+def _norm_guid(value: str) -> str | None:
+    """sysfs ``0c42:a103:0012:3456`` or ``0x0c42a10300123456`` → ``0x0c42a10300123456``; None if not a GUID."""
+    digits = value.strip().lower().removeprefix("0x").replace(":", "")
+    if not re.fullmatch(r"[0-9a-f]{16}", digits) or int(digits, 16) == 0:
+        return None
+    return "0x" + digits
+
+
+def parse_sysfs_probe(text: str) -> tuple[dict[str, str], dict[str, str]]:
+    """The SYSFS_PROBE lines → ({device: node GUID}, {"<device> board_id": board id})."""
+    guids: dict[str, str] = {}
+    boards: dict[str, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if not parts or not re.fullmatch(r"[A-Za-z0-9_]+", parts[0]):
+            continue
+        guid = _norm_guid(parts[1]) if len(parts) > 1 else None
+        if guid:
+            guids[parts[0]] = guid
+        if len(parts) > 2 and parts[2]:
+            boards[f"{parts[0]} board_id"] = parts[2]
+    return guids, boards
+
+
+def parse_gpu_serials(text: str) -> dict[str, str]:
+    """``nvidia-smi --query-gpu=index,serial --format=csv,noheader`` → {"gpu0": serial}; N/A rows skipped."""
+    serials: dict[str, str] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) == 2 and cells[0].isdigit() and cells[1] and cells[1] not in ("N/A", "[N/A]"):
+            serials[f"gpu{cells[0]}"] = cells[1]
+    return serials
+
+
+def parse_board_serial(text: str) -> str | None:
+    """The DMI board serial, None when the firmware left it blank or a placeholder."""
+    value = text.strip().splitlines()[0].strip() if text.strip() else ""
+    placeholders = {"", "not specified", "default string", "to be filled by o.e.m.", "none", "0"}
+    return None if value.lower() in placeholders else value
+
+
+@dataclass
+class Observation:
+    """What the node reported about its hardware, in the hardware history's shape."""
+
+    guids: dict[str, str] = field(default_factory=dict)     # "mlx5_0/1" port GUIDs, "mlx5_0" node GUIDs
+    serials: dict[str, str] = field(default_factory=dict)   # "board", "gpu0", "mlx5_0 board_id"
+    unreadable: list[str] = field(default_factory=list)     # what could not be read, and why
+
+
+def peer_candidates(cluster: Cluster, node: str) -> list[Node]:
+    """GPU compute nodes other than ``node`` that share at least one rail with it."""
+    me = cluster.node(node)
+    rails = {p.rail for p in me.rail_ports if p.rail is not None}
+    return [n for n in cluster.nodes_with_role("compute")
+            if n.name != node and n.gpu_count and rails & {p.rail for p in n.rail_ports}]
+
+
+def pick_peers(cluster: Cluster, node: str, unhealthy: set[str], count: int = DEFAULT_PEERS) -> list[str]:
+    """Healthy peers to measure ``node`` against: ``count`` of them, more if needed to cover every rail.
+
+    Healthy = not set aside in the last run and without error findings in the last verification. Peers are
+    taken in spec order (deterministic, so a rerun measures the same pairs).
+    """
+    me = cluster.node(node)
+    if not (me.gpu_count and "compute" in me.roles):
+        return []  # pairwise checks run between GPU compute nodes only (an SM node's links are checked alone)
+    rails = {p.rail for p in me.rail_ports if p.rail is not None}
+    good = [n for n in peer_candidates(cluster, node) if n.name not in unhealthy]
+    chosen = good[:max(0, count)]
+    for rail in sorted(rails):
+        if not any(rail in {p.rail for p in n.rail_ports} for n in chosen):
+            extra = next((n for n in good if n not in chosen and rail in {p.rail for p in n.rail_ports}), None)
+            if extra is not None:
+                chosen.append(extra)
+    return [n.name for n in chosen]
+
+
+def subset(cluster: Cluster, names: Sequence[str]) -> Cluster:
+    """The cluster narrowed to ``names`` (their nodes and cables): every check then runs on those only."""
+    keep = set(names)
+    return replace(cluster, nodes=[n for n in cluster.nodes if n.name in keep],
+                   cables=[c for c in cluster.cables if c.node in keep])
+
+
+def sm_nodes(cluster: Cluster) -> list[str]:
+    """The nodes the fabric phase configures an SM on (none when the SM runs on a switch or UFM)."""
+    sm = cluster.spec.fabric.subnet_manager
+    if sm is None or sm.kind != "opensm":
+        return []
+    return [n.name for n in cluster.nodes_with_role("subnet_manager")]
+
+
+def verify_tests(cluster: Cluster, node: str, peers: Sequence[str]) -> tuple[list[str], list[str]]:
+    """(checks on node+peers, checks on node+first peer): the spec's tests that apply to this node.
+
+    Links and versions always run: a reinstalled node with a wrong driver or a dead port is the usual failure.
+    """
+    wanted = set(cluster.spec.verify.tests)
+    me = cluster.node(node)
+    gpu = bool(me.gpu_count and me.rail_ports and "compute" in me.roles)
+    main = ["links", "versions"]
+    if gpu and peers:
+        main += [t for t in ("bandwidth", "nccl") if t in wanted]
+    if "cabling" in wanted and cluster.cables:
+        main.append("cabling")
+    side = ["gpudirect"] if gpu and peers and "gpudirect" in wanted else []
+    return main, side
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the steps
+
+
+@dataclass
+class ReplaceResult:
+    """Everything the summary shows; ``exit_code`` follows the other commands (0 / 1 / 2)."""
+
+    node: str
+    fingerprint: str = ""
+    key_action: str = ""
+    old_fingerprints: tuple[str, ...] = ()
+    changes: list[HardwareChange] = field(default_factory=list)
+    first_record: bool = False
+    observation: Observation = field(default_factory=Observation)
+    phases: list[tuple[str, str, str]] = field(default_factory=list)   # (phase, hosts, status)
+    journals: list[RunJournal] = field(default_factory=list)
+    sm_config_changed: list[str] = field(default_factory=list)
+    sm_restarted: list[str] = field(default_factory=list)
+    peers: list[str] = field(default_factory=list)
+    report: VerifyReport | None = None
+    report_dir: Path | None = None
+    stopped: str | None = None       # why the command stopped early, with what to do next
+
+    @property
+    def exit_code(self) -> int:
+        if self.stopped is not None:
+            statuses = {j.status for j in self.journals}
+            return 1 if statuses & {"partial", "stopped"} else 2
+        if any(j.status in ("partial", "stopped") for j in self.journals):
+            return 1
+        if any(j.status != "passed" for j in self.journals):
+            return 2
+        return self.report.verdict.exit_code if self.report is not None else 2
+
+
+class _Capture:
+    """Passes events on to the live view and notes which SM hosts changed their config or restarted."""
+
+    def __init__(self, inner: Reporter) -> None:
+        self.inner = inner
+        self.config_changed: set[str] = set()
+        self.restarted: set[str] = set()
+
+    def phase_started(self, name: str, hosts: Sequence[str]) -> None:
+        self.inner.phase_started(name, hosts)
+
+    def event(self, phase: str, event: Mapping[str, Any]) -> None:
+        data = event.get("event_data") or {}
+        res = data.get("res")
+        changed = isinstance(res, Mapping) and bool(res.get("changed"))
+        if phase == "fabric" and event.get("event") == "runner_on_ok" and changed and data.get("host"):
+            task = str(data.get("task") or "")
+            if task in SM_CONFIG_TASKS:
+                self.config_changed.add(str(data["host"]))
+            elif task == SM_RESTART_HANDLER:
+                self.restarted.add(str(data["host"]))
+        self.inner.event(phase, event)
+
+    def phase_finished(self, record: PhaseRecord) -> None:
+        self.inner.phase_finished(record)
+
+    def run_finished(self, journal: RunJournal) -> None:
+        self.inner.run_finished(journal)
+
+
+def trust_new_key(target: SshTarget, state_dir: Path, *, accept_new: bool, expected: str | None,
+                  progress: Progress) -> KeyDecision:
+    """Step 1: fetch the offered key, decide, and replace the known_hosts line (old one kept as a comment)."""
+    key = fetch_host_key(target)
+    offered = fingerprint(key)
+    known = [fingerprint(k) for k in recorded_host_keys(target)]
+    progress(f"{target.name} offers host key {key.get_name()} {offered}")
+    decision = decide_host_key(target.name, offered, known, accept_new=accept_new, expected=expected)
+    if decision.action == "replace":
+        when = utcnow()
+        replace_host_key(target, key, f"replaced {when} by provision replace-node")
+        record_host_key(state_dir, target.name, old=list(known), new=offered, key_type=key.get_name(), when=when)
+        progress(f"{target.known_hosts}: trusts {offered} for {target.name} now (old line kept as a comment)")
+    return decision
+
+
+def observe(remote: Remote, node: str) -> Observation:
+    """Step 2: read the node's GUIDs and serials over SSH (what cannot be read is noted, not fatal)."""
+    obs = Observation()
+    done = remote.run(node, ["ibstat"], timeout=PROBE_TIMEOUT_S)
+    try:
+        obs.guids.update(links.port_guids(parse("ibstat", done.stdout)))
+    except ParseError as exc:
+        obs.unreadable.append(f"ibstat: {exc.message}")
+    sysfs = remote.run(node, ["sh", "-c", SYSFS_PROBE], timeout=PROBE_TIMEOUT_S)
+    node_guids, boards = parse_sysfs_probe(sysfs.stdout)
+    obs.guids.update(node_guids)
+    obs.serials.update(boards)
+    gpus = remote.run(node, GPU_PROBE, timeout=PROBE_TIMEOUT_S)
+    if gpus.rc == 0:
+        obs.serials.update(parse_gpu_serials(gpus.stdout))
+    board = remote.run(node, ["sh", "-c", BOARD_PROBE], timeout=PROBE_TIMEOUT_S)
+    serial = parse_board_serial(board.stdout) if board.rc == 0 else None
+    if serial:
+        obs.serials["board"] = serial
+    else:
+        obs.unreadable.append("board serial (no /sys/class/dmi/id/board_serial, no dmidecode)")
+    if not obs.guids:
+        raise RemoteError(f"{node}: no InfiniBand port GUID could be read (ibstat and sysfs)",
+                          hint="check that the HCA driver is loaded on the node (ibstat), then rerun")
+    return obs
+
+
+def unhealthy_nodes(state_dir: Path) -> set[str]:
+    """Nodes set aside in the last run or with error findings in the last verification: not peers."""
+    bad: set[str] = set()
+    journal = last_run(state_dir)
+    if journal is not None:
+        bad |= set(journal.set_aside)
+    latest = state_dir / "verify" / "latest" / "report.json"
+    if latest.is_file():
+        import json
+
+        try:
+            doc = json.loads(latest.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return bad
+        bad |= {str(f["node"]) for f in doc.get("findings", []) if f.get("severity") == "error" and f.get("node")}
+    return bad
+
+
+def verify_node(cluster: Cluster, node: str, peers: Sequence[str], directory: Path, progress: Progress,
+                remote: Remote | None = None) -> VerifyReport:
+    """Step 5: the node against its peers, one merged report written under ``directory``."""
+    from provisioner.verify import verify, write_reports
+
+    main, side = verify_tests(cluster, node, peers)
+    run = verify(subset(cluster, [node, *peers]), tests=main, mode="full", remote=remote,
+                 state_dir=directory, write=False, progress=progress)
+    report = run.report
+    checks = list(report.checks)
+    if side:
+        extra = verify(subset(cluster, [node, peers[0]]), tests=side, remote=remote, state_dir=directory,
+                       write=False, progress=progress)
+        checks += extra.report.checks
+    merged = replace(report, checks=tuple(checks), finished=datetime.now(UTC))
+    write_reports(merged, directory, run.inventory)
+    return merged
+
+
+def _record_phases(result: ReplaceResult, journal: RunJournal, hosts: str) -> None:
+    result.journals.append(journal)
+    for rec in journal.phases:
+        if rec.name in ("validate", "render"):
+            continue
+        result.phases.append((rec.name, hosts, rec.status))
+
+
+def replace_node(
+    spec: Path,
+    node: str,
+    *,
+    overlay: Path | None = None,
+    state_dir: Path | None = None,
+    accept_new_host_key: bool = False,
+    host_key_fingerprint: str | None = None,
+    peers: int = DEFAULT_PEERS,
+    progress: Progress = lambda _m: None,
+    reporter: Reporter | None = None,
+    run: Callable[..., RunJournal] = provision_run,
+    remote_factory: Callable[[Mapping[str, SshTarget]], Remote] | None = None,
+    verifier: Callable[..., VerifyReport] = verify_node,
+) -> ReplaceResult:
+    """The whole replacement; see the module docstring. Raises ProvisionerError before anything changed."""
+    from provisioner.spec import load_cluster
+
+    expected = check_fingerprint(host_key_fingerprint)
+    cluster, _ = load_cluster(spec, overlay)
+    names = [n.name for n in cluster.nodes]
+    if node not in names:
+        raise UsageError(f"{node} is not a node of {spec}", hint="one of " + ", ".join(names))
+    sdir = state_dir or Path(".provision") / cluster.name
+    sdir.mkdir(parents=True, exist_ok=True)
+    targets = targets_from_cluster(cluster)
+    result = ReplaceResult(node)
+
+    decision = trust_new_key(targets[node], sdir, accept_new=accept_new_host_key, expected=expected,
+                             progress=progress)
+    result.fingerprint, result.key_action, result.old_fingerprints = (decision.offered, decision.action,
+                                                                      decision.known)
+    before = current_hardware(sdir, node)
+    result.first_record = not (before["guids"] or before["serials"])
+    make_remote = remote_factory or (lambda t: SshRemote(t))
+    remote = make_remote({node: targets[node]})
+    try:
+        result.observation = observe(remote, node)
+    finally:
+        close = getattr(remote, "close", None)
+        if callable(close):
+            close()
+    result.changes = record_hardware(sdir, node, guids=result.observation.guids,
+                                     serials=result.observation.serials)
+    progress(f"{node}: {len(result.changes)} hardware change(s) recorded")
+
+    capture = _Capture(reporter or NullReporter())
+    ov = str(overlay) if overlay else None
+    sms = sm_nodes(cluster)
+    plan: list[tuple[tuple[str, ...], list[str]]] = [(NODE_PHASES, [node])]
+    if sms:
+        plan.append((("fabric",), sms))
+    plan.append((AFTER_FABRIC_PHASES, [node]))
+    for phases, hosts in plan:
+        label = ",".join(hosts)
+        journal = run(spec, RunOptions(only=list(phases), limit=label, overlay=ov), state_dir=sdir,
+                      reporter=capture)
+        _record_phases(result, journal, label)
+        if journal.status != "passed":
+            why = journal.stop_reason or "; ".join(
+                f"{h}: {sa.get('state')} in {sa.get('phase')}: {sa.get('reason')}"
+                for h, sa in journal.set_aside.items()) or f"run ended {journal.status}"
+            result.stopped = (f"{'/'.join(phases)} on {label}: {why}; fix it, then rerun provision replace-node "
+                              f"{spec} {node}")
+            break
+    result.sm_config_changed = sorted(capture.config_changed)
+    result.sm_restarted = sorted(capture.restarted)
+    if result.stopped is not None:
+        return result
+
+    result.peers = pick_peers(cluster, node, unhealthy_nodes(sdir) - {node}, peers)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    result.report_dir = sdir / "replace" / node / stamp
+    remote_v = make_remote(targets) if remote_factory else None
+    result.report = verifier(cluster, node, result.peers, result.report_dir, progress, remote=remote_v)
+    return result
+
+
+def summary_lines(result: ReplaceResult) -> list[str]:
+    """What a person reads at the end: key, GUIDs old → new, phases, SM restart, verdict, what next."""
+    r = result
+    lines = [f"replace-node {r.node}"]
+    if r.key_action == "replace":
+        was = ", ".join(r.old_fingerprints) or "none"
+        lines.append(f"  host key: {r.fingerprint} accepted (was {was}; old line kept as a comment in known_hosts)")
+    elif r.key_action:
+        lines.append(f"  host key: {r.fingerprint} (already trusted, unchanged)")
+    if r.first_record:
+        lines.append("  hardware: no earlier record of this node; recorded as first seen:")
+        lines += [f"    {k}: {v}" for k, v in sorted(r.observation.guids.items())]
+    elif r.changes:
+        lines.append("  hardware changes (old -> new):")
+        lines += [f"    {c.kind} {c.key}: {c.old or '-'} -> {c.new or '-'}" for c in r.changes]
+    else:
+        lines.append("  hardware: same GUIDs and serials as recorded before")
+    lines += [f"  not readable: {u}" for u in r.observation.unreadable]
+    for name, hosts, status in r.phases:
+        lines.append(f"  {name} ({hosts}): {status.replace('_', ' ')}")
+    if r.sm_config_changed or r.sm_restarted:
+        lines.append(f"  SM config changed on {', '.join(r.sm_config_changed) or '-'}; "
+                     f"SM restarted on {', '.join(r.sm_restarted) or '-'}")
+    if r.stopped:
+        lines.append(f"stopped: {r.stopped}")
+        return lines
+    if r.report is not None:
+        lines.append(f"  verified against {', '.join(r.peers) or 'no peer (links and versions only)'}")
+        for f in r.report.findings():
+            lines.append(f"    {f.severity.upper():7s} {f.location()}: {f.message}")
+        lines.append(f"  verify: {r.report.verdict.label} ({r.report_dir})")
+    return lines
