@@ -54,6 +54,37 @@ NCCL_CUDA_BUILDS: dict[str, tuple[str, ...]] = {
 # consistent with it but never state the DOCA release), so a DOCA 2.7.0 run needs doca_ofed_ofed_version set.
 DOCA_OFED: dict[str, str] = {"2.9.1": "24.10-1.1.4.0", "3.2.2": "25.10-2.4.1", "3.3.0": "26.01-1.0.0.0"}
 
+# First release of a DOCA-Host / MLNX_OFED line that supports an OS (the spec's cluster.os values). A release of
+# that line older than the one listed does not support the OS; lines and OSes not listed are not checked.
+# Sources, both "added support for" statements in NVIDIA's release notes:
+#  - docs.nvidia.com/networking/display/mlnxofedv23103211lts/Changes+and+New+Features: MLNX_OFED 23.10-3.2.1.1
+#    "Added support for the following OSes: ... Debian 12.5" (so 23.10-0.5.5.0 .. 23.10-2.1.3.1 lack it).
+#  - docs.nvidia.com/doca/archive/2-5-2/NVIDIA+DOCA+Release+Notes: DOCA 2.5.2 "DOCA-Host operating systems
+#    updated in this release: ... Debian 12.5" (so DOCA 2.5.0 and 2.5.1 lack it).
+# Keys: (flavor, release line) with the line = the version's first two numbers ("23.10", "2.5").
+OFED_OS_FIRST: dict[tuple[str, str], dict[str, str]] = {
+    ("mlnx_ofed", "23.10"): {"debian-12": "23.10-3.2.1.1"},
+    ("doca", "2.5"): {"debian-12": "2.5.2"},
+}
+
+# Lustre client releases that do not build against an OFED release: (Lustre client version, OFED flavor, OFED
+# version prefix, reason). Source: Azure/az-hop issue 130 (github.com/Azure/az-hop/issues/130): the Lustre 2.12.6
+# client "will not build" after MLNX_OFED was upgraded to 5.2-1.0.4 ("configure: error: no OFED nor kernel OpenIB
+# gen2 headers present", ib_fmr_pool.h missing), tracked as LU-14297 ("Can't compile lustre client against MLNX
+# OFED-5.2-1.0.4"). No known-unsupported Lustre client / OS pair is listed: the Lustre ChangeLog
+# (lustre/lustre-release lustre/ChangeLog) names the kernels each release was built and tested on and says
+# "others may also work", which is not a statement that any OS fails.
+LUSTRE_OFED_BAD: tuple[tuple[str, str, str, str], ...] = (
+    ("2.12.6", "mlnx_ofed", "5.2-1.0.4",
+     "the o2iblnd build finds no ib_fmr_pool.h there (LU-14297)"),
+)
+# Lustre client releases and the OSes of this spec whose kernel the Lustre ChangeLog lists under "Client primary
+# kernels built and tested during release cycle" (lustre/lustre-release and microsoft/amlFilesystem-lustre
+# lustre/ChangeLog: 2.15.0-2.15.2 list Ubuntu 20.04 only; the 2.17.0 entry, still dated "TBD" in the stored
+# copies, lists 5.15.0-88 (Ubuntu 22.04) and 6.8.0-35 (Ubuntu 24.04)). Informational (README table): a release or
+# OS missing here is untested upstream, not known-bad, so no rule reads it.
+LUSTRE_CLIENT_TESTED: dict[str, tuple[str, ...]] = {"2.17.0": ("ubuntu-22.04", "ubuntu-24.04")}
+
 
 def version_tuple(v: str) -> tuple[int, ...]:
     """'550.54.15' → (550, 54, 15); non-numeric parts end the tuple."""
@@ -96,6 +127,37 @@ def nccl_cuda_mismatch(nccl: str, cuda: str) -> tuple[str, ...] | None:
     return builds
 
 
+def ofed_release_line(version: str) -> str | None:
+    """'23.10-2.1.3.1' → '23.10', '2.5.2' → '2.5': the release line OFED_OS_FIRST is keyed by."""
+    t = version_tuple(version.split("-", 1)[0])
+    return f"{t[0]}.{t[1]}" if len(t) >= 2 else None
+
+
+def ofed_version_key(version: str) -> tuple[int, ...]:
+    """'23.10-3.2.1.1' → (23, 10, 3, 2, 1, 1): MLNX_OFED versions compare on all their numbers."""
+    out: list[int] = []
+    for part in version.split("-"):
+        out.extend(version_tuple(part))
+    return tuple(out)
+
+
+def ofed_os_unsupported(flavor: str, version: str, os_name: str) -> str | None:
+    """The first release of ``version``'s line that supports ``os_name`` when ``version`` is older; else None."""
+    line = ofed_release_line(version)
+    first = OFED_OS_FIRST.get((flavor, line or ""), {}).get(os_name)
+    if first is None or ofed_version_key(version) >= ofed_version_key(first):
+        return None
+    return first
+
+
+def lustre_ofed_conflict(lustre: str, flavor: str, ofed: str) -> str | None:
+    """Why the Lustre client ``lustre`` does not build against this OFED release; None when fine or unknown."""
+    for bad_lustre, bad_flavor, prefix, reason in LUSTRE_OFED_BAD:
+        if lustre == bad_lustre and flavor == bad_flavor and (ofed == prefix or ofed.startswith(prefix + ".")):
+            return reason
+    return None
+
+
 def compat_table() -> list[tuple[str, str, str]]:
     """(component, versions, requirement) rows for the README's generated compatibility table."""
     rows: list[tuple[str, str, str]] = []
@@ -112,4 +174,12 @@ def compat_table() -> list[tuple[str, str, str]]:
         rows.append(("NCCL", nccl, "built for CUDA " + ", ".join(builds) + " (same CUDA major)"))
     for doca, ofed in sorted(DOCA_OFED.items(), key=lambda kv: version_tuple(kv[0])):
         rows.append(("DOCA-OFED", doca, f"ofed_info -s = OFED-internal-{ofed}"))
+    names = {"doca": "DOCA", "mlnx_ofed": "MLNX_OFED"}
+    for (flavor, line), firsts in sorted(OFED_OS_FIRST.items()):
+        for os_name, first in sorted(firsts.items()):
+            rows.append(("DOCA-OFED", f"{names[flavor]} {line}.x on {os_name}", f"{names[flavor]} >= {first}"))
+    for lustre, flavor, prefix, reason in LUSTRE_OFED_BAD:
+        rows.append(("Lustre client", lustre, f"does not build against {names[flavor]} {prefix}: {reason}"))
+    for lustre, oses in sorted(LUSTRE_CLIENT_TESTED.items(), key=lambda kv: version_tuple(kv[0])):
+        rows.append(("Lustre client", lustre, "client kernels tested upstream: " + ", ".join(oses)))
     return rows

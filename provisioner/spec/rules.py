@@ -553,3 +553,36 @@ def _doca_unknown(c: Cluster, rep: Reporter, r: Rule) -> None:
     r.report(rep, ("software", "ofed", "version"), f"DOCA {ofed.version} is not in the DOCA -> OFED table "
              f"(known: {known})", "set site_vars.doca_ofed_ofed_version to the version `ofed_info -s` prints for it, "
              "or pin a listed DOCA release")
+
+
+@rule("COMPAT-OS-OFED", "error",
+      "DOCA-OFED and MLNX_OFED ship kernel modules for the OSes their release notes list; a release older than "
+      "the first one of its line that supports the cluster's OS has no packages for it.")
+def _os_ofed(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    ofed = c.spec.software.ofed
+    if ofed.flavor == "inbox" or ofed.version is None:
+        return
+    first = compat.ofed_os_unsupported(ofed.flavor, ofed.version, c.spec.cluster.os)
+    if first:
+        name = "DOCA" if ofed.flavor == "doca" else "MLNX_OFED"
+        r.report(rep, ("software", "ofed", "version"), f"{name} {ofed.version} does not support "
+                 f"{c.spec.cluster.os} (its release line supports it from {first})", f"pin {name} >= {first}")
+
+
+@rule("COMPAT-LUSTRE-OS", "error",
+      "The Lustre client's kernel modules (o2iblnd) are built against the running kernel and RDMA stack; a "
+      "client release known not to build against the pinned OFED release never mounts.")
+def _lustre_os(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    sw = c.spec.software
+    if not sw.lustre_client or sw.ofed.flavor == "inbox" or sw.ofed.version is None:
+        return
+    reason = compat.lustre_ofed_conflict(sw.lustre_client, sw.ofed.flavor, sw.ofed.version)
+    if reason:
+        name = "DOCA" if sw.ofed.flavor == "doca" else "MLNX_OFED"
+        r.report(rep, ("software", "lustre_client"), f"Lustre client {sw.lustre_client} does not build against "
+                 f"{name} {sw.ofed.version}: {reason}",
+                 "pin a Lustre client release that builds against this OFED, or another OFED release")
