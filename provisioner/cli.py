@@ -134,7 +134,8 @@ def parse_cmd(
 
 def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dict[str, Any]:
     """The verify and report phases of a run, as Python steps of the run engine."""
-    from provisioner.phases import StepContext, StepOutcome
+    from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
+    from provisioner.replace import subset
     from provisioner.state import record_hardware
     from provisioner.verify import verify
 
@@ -142,6 +143,10 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
 
     def verify_step(ctx: StepContext) -> StepOutcome:
         cluster, _ = load_cluster(spec, overlay)
+        # only the hosts this phase runs on (set-aside ones would cost an SSH timeout per probe and their
+        # findings are dropped anyway), plus the SM/NFS server nodes the fabric and storage checks need
+        keep = set(ctx.hosts) | {n.name for n in cluster.nodes if set(n.roles) & set(CRITICAL_ROLES)}
+        cluster = subset(cluster, [n.name for n in cluster.nodes if n.name in keep])
         run = verify(cluster, state_dir=out_dir, progress=lambda m: err.print(f"[verify] {m}", markup=False))
         last["run"] = run
         for node, guids in run.inventory.items():

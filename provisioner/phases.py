@@ -17,8 +17,9 @@ first phase it has not completed.
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -86,12 +87,15 @@ class RunOptions:
     secret_files: list[Path] = field(default_factory=list)   # -e @file; every value is scrubbed from artifacts
     vault_password_file: Path | None = None
     extravars: dict[str, Any] = field(default_factory=dict)  # non-secret only (they reach the command line)
+    out: str | None = None  # the state dir given with --out (the retry command must name it to find the journal)
 
     def to_json(self) -> dict[str, Any]:
         return {"only": self.only, "from": self.from_phase, "limit": self.limit, "check": self.check,
                 "diff": self.diff, "tags": self.tags, "forks": self.forks, "max_fail": self.max_fail,
-                "resume": self.resume, "overlay": self.overlay,
-                "secret_files": [str(v) for v in self.secret_files], "extravars": self.extravars}
+                "resume": self.resume, "overlay": self.overlay, "out": self.out,
+                "secret_files": [str(v) for v in self.secret_files],
+                "vault_password_file": str(self.vault_password_file) if self.vault_password_file else None,
+                "extravars": self.extravars}
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -322,6 +326,7 @@ class Engine:
         rec.failed = {h: r for h, r in outcome.failed.items() if h in targets and h not in rec.unreachable}
         rec.ok = [h for h in targets if h not in rec.failed and h not in rec.unreachable]
         rec.status = "partial" if (rec.failed or rec.unreachable) else "ok"
+        rec.note = outcome.note or rec.note  # a step's verdict (verify: PASS/FAIL and the report dir) is journaled
         for state, bad in (("failed", rec.failed), ("unreachable", rec.unreachable)):
             for h, reason in bad.items():
                 entry = {"phase": name, "state": state, "reason": reason}
@@ -381,15 +386,32 @@ def final_status(journal: RunJournal) -> str:
 
 
 def retry_command(journal: RunJournal, spec: str | None = None) -> str | None:
-    """The exact command that picks up the set-aside hosts, or None when none were set aside."""
+    """The exact command that picks up the set-aside hosts, or None when none were set aside.
+
+    It must paste into a shell as is: every word is quoted where needed (a hostlist's brackets are a glob to
+    bash and an error to zsh), and the options the resumed run needs to find the journal and behave like
+    this run are carried over (state dir, overlay, max-fail, forks, tags, secrets files)."""
     hosts = [h for h in journal.hosts if journal.hosts[h].set_aside]
     if not hosts:
         return None
-    overlay = journal.options.get("overlay")
+    opts = journal.options
     parts = ["provision", spec or journal.spec, "--resume", "--limit", compress(hosts)]
-    if overlay:
-        parts += ["--overlay", str(overlay)]
-    return " ".join(parts)
+    for flag, key in (("--overlay", "overlay"), ("--out", "out"), ("--forks", "forks"),
+                      ("--vault-password-file", "vault_password_file")):
+        if opts.get(key) is not None:
+            parts += [flag, str(opts[key])]
+    if opts.get("max_fail") is not None and float(opts["max_fail"]) != DEFAULT_MAX_FAIL:
+        parts += ["--max-fail", f"{float(opts['max_fail']):g}"]
+    if opts.get("tags"):
+        parts += ["--tags", ",".join(opts["tags"])]
+    for secret_file in opts.get("secret_files") or []:
+        parts += ["--secrets", str(secret_file)]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+def one_line(text: object) -> str:
+    """``text`` with every run of whitespace (newlines, \\r) as one space."""
+    return " ".join(str(text).split())
 
 
 def summary_lines(journal: RunJournal) -> list[str]:
@@ -405,7 +427,8 @@ def summary_lines(journal: RunJournal) -> list[str]:
     aside = journal.set_aside
     if aside:
         lines.append(f"set aside ({len(aside)}):")
-        lines.extend(f"  {h}: {sa['state']} in {sa['phase']}: {sa['reason']}" for h, sa in aside.items())
+        # one line per host: ssh and module messages carry \r\n, which would split a host's reason over lines
+        lines.extend(f"  {h}: {sa['state']} in {sa['phase']}: {one_line(sa['reason'])}" for h, sa in aside.items())
     if journal.stop_reason:
         lines.append(f"stopped: {journal.stop_reason}")
     cmd = retry_command(journal)
@@ -431,6 +454,8 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
 
     overlay = Path(options.overlay) if options.overlay else None
     cluster, warnings = load_cluster(spec, overlay)
+    if state_dir is not None and options.out is None:
+        options = replace(options, out=str(state_dir))
     sdir = state_dir or Path(".provision") / cluster.name
     previous = last_run(sdir) if options.resume else None
     plan = plan_run([n.name for n in cluster.nodes], options, previous)

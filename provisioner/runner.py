@@ -37,6 +37,9 @@ ROLES_DIR = REPO_ROOT / "roles"
 PLAYBOOKS_DIR = REPO_ROOT / "playbooks"
 DEFAULT_FORKS = 25
 CONTROL_PERSIST_S = 60
+SERVER_ALIVE_S = 10
+SERVER_ALIVE_COUNT = 3
+"""A node silent over SSH for SERVER_ALIVE_S * SERVER_ALIVE_COUNT seconds is unreachable (even mid-task)."""
 # unix sockets are limited to 108 bytes; ansible appends a 10-character hash to the directory
 _MAX_CONTROL_DIR_LEN = 80
 # environment variables kept in the recorded `command` artifact (everything else from the caller's
@@ -331,7 +334,10 @@ def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path = ROLES_DI
         },
         "ssh_connection": {
             "pipelining": "True",               # one SSH round trip per task instead of three
+            # ServerAlive: a node that hangs mid-task (kernel stall, frozen container) answers TCP but never SSH;
+            # without it the task waits on the shared control connection forever instead of going unreachable
             "ssh_args": f"-o ControlMaster=auto -o ControlPersist={CONTROL_PERSIST_S}s "
+                        f"-o ServerAliveInterval={SERVER_ALIVE_S} -o ServerAliveCountMax={SERVER_ALIVE_COUNT} "
                         "-o StrictHostKeyChecking=yes",
             "control_path_dir": str(control_path_dir(state_dir)),
         },

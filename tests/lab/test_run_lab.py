@@ -122,7 +122,8 @@ def test_paused_node_set_aside_then_resumed(lab: LabInfo, spec: Path, tmp_path: 
     assert list(pre.unreachable) == ["gpu02"]
     assert j1.status == "partial" and j1.set_aside["gpu02"]["state"] == "unreachable"
     assert j1.phase("repos").status == "not_built" and "gpu02" not in j1.phase("repos").hosts  # type: ignore[union-attr]
-    assert retry_command(j1) == f"provision {spec} --resume --limit gpu02 --overlay {lab.overlay}"
+    assert retry_command(j1) == (f"provision {spec} --resume --limit gpu02 --overlay {lab.overlay} --out {state} "
+                                 "--max-fail 50")
 
     j2 = provision_run(spec, RunOptions(overlay=str(lab.overlay), resume=True, limit="gpu02", max_fail=50),
                        state_dir=state, playbooks_dir=spec.parent / "playbooks")

@@ -99,7 +99,7 @@ def test_failed_host_is_set_aside_and_others_continue(tmp_path: Path, playbooks:
     rec = j.phase("gpu_stack")
     assert rec.status == "partial" and "gpu03" in rec.failed and "gpu03" not in rec.ok
     assert j.hosts["gpu03"].completed == ["validate", "render", "preflight", "repos"]
-    assert retry_command(j) == "provision cluster.yaml --resume --limit gpu03,gpu07"
+    assert retry_command(j) == "provision cluster.yaml --resume --limit gpu03,gpu07 --max-fail 20"
     assert any("retry them: provision cluster.yaml --resume --limit gpu03,gpu07" in line
                for line in summary_lines(j))
 
@@ -209,7 +209,7 @@ def test_resume_with_limit_keeps_the_others_pending(tmp_path: Path, playbooks: P
     j2 = run(tmp_path, playbooks, r2, RunOptions(resume=True, limit="gpu02", max_fail=20))
     assert r2.hosts_for("repos.yml") == ["gpu02"]
     assert j2.status == "partial" and list(j2.set_aside) == ["gpu04"]
-    assert retry_command(j2) == "provision cluster.yaml --resume --limit gpu04"
+    assert retry_command(j2) == "provision cluster.yaml --resume --limit gpu04 --max-fail 20"
 
 
 def test_resume_needs_a_previous_run(tmp_path: Path) -> None:

@@ -1,0 +1,236 @@
+"""The whole `provision cluster.yaml` on a real 4-node lab, green, then with faults, then resumed.
+
+tests/lab/e2e_cluster.yaml (gpu01-03 + sm1, the SM and NFS server) runs through ``provisioner.cli.main``
+exactly as the `provision` command would: validate ... report over SSH with verified host keys, the roles from
+roles/, verify from provisioner.verify. The tests share one lab and one state directory and run in file order:
+
+1. a fresh lab converges and verifies green from one command (exit 0);
+2. with faults: gpu01 is paused while the gpu_stack phase is working on it (a run hook on the progress events,
+   not a sleep), gpu02 loses its nvidia_peermem module, gpu03's mlx5_1 link trains at 2X; the run finishes sm1,
+   sets each faulty node aside with its reason, prints the copy-pastable retry command, and exits 1;
+3. the faults cleared, that retry command's `--resume` ends green (exit 0) and touches only the set-aside
+   nodes, each from the phase it stopped in (the journal says so).
+
+Run: ``PROVISIONER_LAB_DIR=/tmp/e2e-lab pytest -m lab tests/lab/test_e2e_lab.py`` (root, podman). On 2 shared
+cores the first converge dominates (several minutes); the cluster name is ``e2e`` unless
+PROVISIONER_LAB_TEST_CLUSTER says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from provisioner import cli
+from provisioner.lab import faults, fromspec
+from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
+from provisioner.lab.host import ensure_containers_conf
+from provisioner.phases import PHASE_NAMES, one_line
+from provisioner.progress import LiveReporter
+from provisioner.spec import load_cluster
+from provisioner.state import RunJournal, last_run, list_runs
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None, reason="needs root and podman"),
+]
+
+SPEC = Path(__file__).with_name("e2e_cluster.yaml")
+CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "e2e")
+HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
+CONVERGE = ["preflight", "repos", "gpu_stack", "ofed", "fabric", "storage"]
+PAUSE_PHASE = "gpu_stack"
+
+
+@dataclass
+class Lab:
+    info: LabInfo
+    spec: Path
+    state: Path
+
+    @property
+    def root(self) -> str:
+        return str(cluster_dir(CLUSTER))
+
+
+@pytest.fixture(scope="module")
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """One lab for the module, brought up as `provision lab up` does; always taken down."""
+    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
+    d = tmp_path_factory.mktemp("e2e")
+    text = SPEC.read_text(encoding="utf-8").replace("cluster: {name: e2e,", f"cluster: {{name: {CLUSTER},")
+    assert f"name: {CLUSTER}," in text
+    spec = d / "cluster.yaml"
+    spec.write_text(text, encoding="utf-8")
+    ensure_containers_conf()
+    cluster, _ = load_cluster(spec)
+    request.addfinalizer(lambda: lab_down(CLUSTER))
+    info = lab_up(CLUSTER, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster), fromspec.lab_cables(cluster),
+                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster))
+    fromspec.write_switch_links(str(cluster_dir(CLUSTER)), fromspec.lab_switch_links(cluster))
+    yield Lab(info, spec, d / "state")
+
+
+@pytest.fixture(autouse=True)
+def quick_ssh_connect(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ANSIBLE_TIMEOUT", "5")  # a paused node accepts TCP but never answers SSH
+
+
+def provision(lab: Lab, capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
+    """`provision SPEC --overlay OVERLAY --out STATE ARGS...` in this process; (exit code, stderr)."""
+    capsys.readouterr()
+    rc = cli.main([str(lab.spec), "--overlay", str(lab.info.overlay), "--out", str(lab.state), *args])
+    return rc, capsys.readouterr().err
+
+
+def journal(lab: Lab) -> RunJournal:
+    j = last_run(lab.state)
+    assert j is not None, "no run journal written"
+    return j
+
+
+def retry_line(stderr: str) -> str:
+    lines = [ln.removeprefix("retry them: ") for ln in stderr.splitlines() if ln.startswith("retry them: ")]
+    assert len(lines) == 1, stderr[-3000:]
+    return lines[0]
+
+
+def test_fresh_lab_converges_and_verifies_green(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, stderr = provision(lab, capsys)
+    j = journal(lab)
+    assert rc == 0, "\n".join(stderr.splitlines()[-40:])
+    assert j.status == "passed" and j.set_aside == {} and j.stop_reason is None
+    assert [p.name for p in j.phases] == list(PHASE_NAMES)
+    for rec in j.phases:
+        assert rec.status == "ok", (rec.name, rec.status, rec.note)
+        assert rec.hosts == HOSTS and rec.ok == HOSTS, rec.name
+    for host in HOSTS:
+        assert j.hosts[host].completed == list(PHASE_NAMES), host
+    verify_note = j.phase("verify").note or ""  # type: ignore[union-attr]
+    assert verify_note.startswith("PASS"), verify_note
+    assert f"run {j.run_id}: passed" in stderr and "retry them:" not in stderr
+
+
+def _pause_on_first_task(lab: Lab, monkeypatch: pytest.MonkeyPatch, host: str) -> list[str]:
+    """Pause ``host``'s container from inside the run, right after its first task of PAUSE_PHASE succeeded.
+
+    A hook on the live view's event callback, which ansible-runner calls synchronously for each event: the
+    node is frozen mid-phase, between two tasks, whatever the machine's load (no sleeps, no timing guess).
+    Returns the list the hook appends to when it fired.
+    """
+    fired: list[str] = []
+    original = LiveReporter.event
+
+    def event(self: LiveReporter, phase: str, ev: Mapping[str, Any]) -> None:
+        original(self, phase, ev)
+        data = ev.get("event_data") or {}
+        if (not fired and phase == PAUSE_PHASE and ev.get("event") == "runner_on_ok"
+                and data.get("host") == host):
+            faults.inject(lab.root, host, "unreachable")
+            fired.append(str(data.get("task")))
+
+    monkeypatch.setattr(LiveReporter, "event", event)
+    return fired
+
+
+def test_faults_set_nodes_aside_and_the_healthy_node_finishes(
+        lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    before = journal(lab)
+    assert before.status == "passed", "needs the green lab of the first test"
+    faults.inject(lab.root, "gpu02", "peermem_missing")
+    faults.inject(lab.root, "gpu03", "degraded_width", device="mlx5_1", port=1, width="2X")
+    fired = _pause_on_first_task(lab, monkeypatch, "gpu01")
+    # 3 of 4 nodes go down on purpose: allow it, or the engine (rightly) stops after the first
+    rc, stderr = provision(lab, capsys, "--max-fail", "75")
+    monkeypatch.undo()
+    j = journal(lab)
+    tail = "\n".join(stderr.splitlines()[-40:])
+    assert fired, f"the pause hook never fired in {PAUSE_PHASE}"
+    assert rc == 1, tail
+    assert j.status == "partial" and j.stop_reason is None, (j.status, j.stop_reason)
+
+    aside = j.set_aside
+    assert sorted(aside) == ["gpu01", "gpu02", "gpu03"], aside
+    assert (aside["gpu01"]["phase"], aside["gpu01"]["state"]) == (PAUSE_PHASE, "unreachable"), aside["gpu01"]
+    assert (aside["gpu02"]["phase"], aside["gpu02"]["state"]) == ("ofed", "failed"), aside["gpu02"]
+    assert "nvidia_peermem" in aside["gpu02"]["reason"], aside["gpu02"]
+    assert (aside["gpu03"]["phase"], aside["gpu03"]["state"]) == ("verify", "failed"), aside["gpu03"]
+    assert "mlx5_1" in aside["gpu03"]["reason"] and "2X" in aside["gpu03"]["reason"], aside["gpu03"]
+
+    # the healthy node went through every phase, the others stopped where their fault showed
+    assert j.hosts["sm1"].completed == list(PHASE_NAMES)
+    assert j.phase("report").hosts == ["sm1"]  # type: ignore[union-attr]
+    assert PAUSE_PHASE not in j.hosts["gpu01"].completed and "gpu_stack" in j.hosts["gpu02"].completed
+    assert "ofed" not in j.hosts["gpu02"].completed
+    assert set(CONVERGE) <= set(j.hosts["gpu03"].completed) and "verify" not in j.hosts["gpu03"].completed
+
+    # what a person reads: one line per set-aside node with its reason, and a command they can paste
+    for host in ("gpu01", "gpu02", "gpu03"):
+        sa = aside[host]
+        assert f"  {host}: {sa['state']} in {sa['phase']}: {one_line(sa['reason'])}\n" in stderr
+    assert "set aside (3):" in stderr
+    cmd = shlex.split(retry_line(stderr))
+    assert cmd[:2] == ["provision", str(lab.spec)] and "--resume" in cmd
+    assert cmd[cmd.index("--limit") + 1] == "gpu[01-03]"
+    assert cmd[cmd.index("--overlay") + 1] == str(lab.info.overlay)
+    assert cmd[cmd.index("--out") + 1] == str(lab.state)
+    assert cmd[cmd.index("--max-fail") + 1] == "75"
+    # the verify report's error finding names the node, the device and the port
+    report = lab.state / "verify" / "latest" / "report.json"
+    assert report.is_file(), "verify wrote no report"
+    errors = [f for f in _findings(json.loads(report.read_text(encoding="utf-8"))) if f["severity"] == "error"]
+    assert any((f["node"], f["device"], f["port"]) == ("gpu03", "mlx5_1", 1) for f in errors), errors
+
+
+def _findings(doc: object) -> Iterator[dict[str, Any]]:
+    """Every finding object anywhere in a report.json (they carry check, severity, node, device, port)."""
+    if isinstance(doc, dict):
+        if {"check", "severity", "node", "device", "port"} <= doc.keys():
+            yield doc
+        for value in doc.values():
+            yield from _findings(value)
+    elif isinstance(doc, list):
+        for item in doc:
+            yield from _findings(item)
+
+
+def test_resume_after_clearing_the_faults_is_green_and_touches_only_those_nodes(
+        lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    failed = journal(lab)
+    assert failed.status == "partial", "needs the faulted run of the second test"
+    for host in ("gpu01", "gpu02", "gpu03"):
+        faults.clear(lab.root, host)
+    cmd = shlex.split(retry_line(_summary_of(failed)))
+    assert cmd[0] == "provision"
+    capsys.readouterr()
+    rc = cli.main(cmd[1:])
+    stderr = capsys.readouterr().err
+    j = journal(lab)
+    assert rc == 0, "\n".join(stderr.splitlines()[-40:])
+    assert j.status == "passed" and j.resumed_from == failed.run_id and j.set_aside == {}
+    # each set-aside node from the phase it stopped in; sm1 (finished) is not touched at all
+    starts = {"gpu01": PAUSE_PHASE, "gpu02": "ofed", "gpu03": "verify"}
+    for rec in j.phases:
+        if rec.name in ("validate", "render"):
+            continue
+        expected = [h for h, start in starts.items() if PHASE_NAMES.index(rec.name) >= PHASE_NAMES.index(start)]
+        assert rec.hosts == expected, (rec.name, rec.hosts)
+        assert rec.status == ("skipped" if not expected else "ok"), (rec.name, rec.status, rec.note)
+    for host in HOSTS:
+        assert j.hosts[host].completed[-1] == "report" and set(j.hosts[host].completed) == set(PHASE_NAMES), host
+    assert len(list_runs(lab.state)) == 3
+
+
+def _summary_of(j: RunJournal) -> str:
+    from provisioner.phases import summary_lines
+
+    return "\n".join(summary_lines(j))
+
