@@ -12,8 +12,8 @@ roles/, verify from provisioner.verify. The tests share one lab and one state di
    nodes, each from the phase it stopped in (the journal says so).
 
 Run: ``PROVISIONER_LAB_DIR=/tmp/e2e-lab pytest -m lab tests/lab/test_e2e_lab.py`` (root, podman). On 2 shared
-cores the first converge dominates (several minutes); the cluster name is ``e2e`` unless
-PROVISIONER_LAB_TEST_CLUSTER says otherwise.
+cores the first converge dominates (several minutes); the cluster name is ``e2etest`` unless
+PROVISIONER_LAB_TEST_CLUSTER says otherwise (give each concurrent session its own).
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ pytestmark = [
 ]
 
 SPEC = Path(__file__).with_name("e2e_cluster.yaml")
-CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "e2e")
+CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "e2etest")
+"""Container names are global to podman: two sessions with one name share (and break) one lab."""
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
 CONVERGE = ["preflight", "repos", "gpu_stack", "ofed", "fabric", "storage"]
 PAUSE_PHASE = "gpu_stack"
