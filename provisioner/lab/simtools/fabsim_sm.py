@@ -652,6 +652,10 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
                 elif state != "standby":
                     state = "standby"
                     log.write(log_line(0x80, "Entering STANDBY state") + "\n")
+                    # say so now, not a tick later: sminfo in between would see a master that lost the election
+                    # (or a fresh SM) still claiming its old state
+                    record["state"] = state
+                    labstate.atomic_write(my_file, json.dumps(record) + "\n")
             log.flush()
             if once:
                 break
