@@ -10,6 +10,25 @@ CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labtest")
 """Overridable so that two runs on one host (a CI job and a developer) do not share containers."""
 
 
+# The apt pinning the gpu_stack role writes for examples/lab/cluster.yaml's pins: with it the pinned releases win
+# over the lab repository's newer drift set when a test installs packages by hand.
+APT_PINS = """\
+Package: nvidia-* libnvidia-* cuda-drivers-*
+Pin: version 550.90.07*
+Pin-Priority: 1001
+
+Package: libnccl2 libnccl-dev
+Pin: version 2.21.5*
+Pin-Priority: 1001
+
+Package: nccl-tests
+Pin: version /\\+nccl2\\.21\\.5\\+/
+Pin-Priority: 1001
+"""
+APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dir::Etc::SourceList=/dev/null"
+"""apt-get that reads only the sources the test put in /etc/apt/sources.list.d (not the image's own list)."""
+
+
 def nodes(count: int = 3) -> list[LabNodeSpec]:
     """``count`` 8-GPU nodes with two NDR rails each (mlx5_0 on GPU 0, mlx5_1 on GPU 4)."""
     return [

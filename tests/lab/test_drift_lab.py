@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
+from _labspec import APT, APT_PINS  # type: ignore[import-not-found]
 
 from provisioner import cli
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
@@ -84,20 +85,7 @@ fabric:
 """.replace("CLUSTER_NAME", CLUSTER)
 
 # The same apt pinning the gpu_stack role writes: the pinned releases win over the repository's drift set.
-PINS = """\
-Package: nvidia-* libnvidia-* cuda-drivers-*
-Pin: version 550.90.07*
-Pin-Priority: 1001
-
-Package: libnccl2 libnccl-dev
-Pin: version 2.21.5*
-Pin-Priority: 1001
-
-Package: nccl-tests
-Pin: version /\\+nccl2\\.21\\.5\\+/
-Pin-Priority: 1001
-"""
-APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dir::Etc::SourceList=/dev/null"
+PINS = APT_PINS
 PACKAGES = "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed"
 GATHER_ON_NODE = "/tmp/manifest_gather.py"
 

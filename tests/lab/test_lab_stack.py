@@ -29,6 +29,7 @@ from typing import Any
 import paramiko
 import pytest
 import yaml
+from _labspec import APT, APT_PINS  # type: ignore[import-not-found]
 
 from provisioner import parsers
 from provisioner.lab import cluster, faults
@@ -48,20 +49,7 @@ CLUSTER = "l2stack"
 GPU_NODES = ("gpu01", "gpu02")
 SM_NODES = ("sm1", "sm2")
 HOSTS = GPU_NODES + SM_NODES
-PINS = """\
-Package: nvidia-* libnvidia-* cuda-drivers-*
-Pin: version 550.90.07*
-Pin-Priority: 1001
-
-Package: libnccl2 libnccl-dev
-Pin: version 2.21.5*
-Pin-Priority: 1001
-
-Package: nccl-tests
-Pin: version /\\+nccl2\\.21\\.5\\+/
-Pin-Priority: 1001
-"""
-APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dir::Etc::SourceList=/dev/null"
+PINS = APT_PINS
 GPU_PACKAGES = "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed"
 SM_PACKAGES = "opensm"
 NDR_GBPS = 400.0

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from _labspec import APT, APT_PINS  # type: ignore[import-not-found]
 
 from provisioner.errors import LabError
 from provisioner.fabric.findings import Finding
@@ -48,24 +49,11 @@ EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lab" / "cluster.ya
 GPU_NODES = ("gpu01", "gpu02", "gpu03")
 SM_NODES = ("sm1", "sm2")
 HOSTS = GPU_NODES + SM_NODES
-PINS = """\
-Package: nvidia-* libnvidia-* cuda-drivers-*
-Pin: version 550.90.07*
-Pin-Priority: 1001
-
-Package: libnccl2 libnccl-dev
-Pin: version 2.21.5*
-Pin-Priority: 1001
-
-Package: nccl-tests
-Pin: version /\\+nccl2\\.21\\.5\\+/
-Pin-Priority: 1001
-
+PINS = APT_PINS + """
 Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dir::Etc::SourceList=/dev/null"
 PACKAGES = {"gpu": "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed", "sm": "opensm doca-ofed"}
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
 
