@@ -17,11 +17,19 @@ from typing import Any
 from provisioner.errors import ParseError
 from provisioner.parsers._common import require_text, to_float, to_int
 
-_RANK_RE = re.compile(r"^#?\s*Rank\s+\d+\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+\S+\s+device\s+\d+")
+_RANK_RE = re.compile(r"^#?\s*Rank\s+\d+\s+(?:Group\s+\d+\s+)?(?:Pid\s+\d+\s+)?on\s+\S+\s+device\s+\d+")
 _OP_RE = re.compile(r"Collective test starting:\s*(\S+)")
 _OOB_RE = re.compile(r"Out of bounds values\s*:\s*(\d+)\s*(OK|FAILED)?")
 _AVG_RE = re.compile(r"Avg bus bandwidth\s*:\s*([0-9.eE+\-]+|nan)\s*(OK|FAILED)?")
 _FAIL_RE = re.compile(r"(?:Test (?:NCCL |CUDA )?failure|NCCL failure|CUDA failure|^#?\s*error:\s*\S)")
+#: ``mpirun --tag-output`` prefixes every line with ``[job,rank]<stdout>:``.
+_TAG_RE = re.compile(r"^\s*\[\d+,\d+\]<(?:stdout|stderr)>:")
+#: Lines that only nccl-tests prints: its own failure reports (``Test NCCL failure common.cu:1005 ...``,
+#: nccl-tests 1.x ``NCCL failure all_reduce.cu:95 ...``) and its parameter line (``nThread 1 nGpus 8 ...``,
+#: rccl-tests ``nThreads: 1 nGpus: 4 ...``). They make a text nccl-tests output even without a table.
+_OWN_RE = re.compile(
+    r"(?:Test (?:NCCL |CUDA )?failure|NCCL failure|CUDA failure) \S+\.cu:\d+|^#?\s*nThreads?:?\s+\d+\s+nGpus:?\s+\d+"
+)
 _ROW_TYPES = re.compile(r"^(?:u?int(?:8|32|64)|half|float|double|bfloat16|f8e4m3|f8e5m2|fp8_e4m3|fp8_e5m2)$")
 
 
@@ -32,8 +40,8 @@ def _op_name(program: str) -> str:
 
 
 def _header_columns(line: str) -> list[str] | None:
-    toks = line.lstrip("#").split()
-    if len(toks) >= 6 and toks[:3] == ["size", "count", "type"]:
+    toks = line.strip().lstrip("#").split()
+    if len(toks) >= 6 and (toks[:3] == ["size", "count", "type"] or toks[:3] == ["bytes", "N", "type"]):
         return toks
     return None
 
@@ -52,13 +60,13 @@ def _row_from_cells(cols: list[str], cells: list[str]) -> dict[str, Any] | None:
     if not _ROW_TYPES.match(cells[2]):
         return None
     times = [i for i, c in enumerate(cols) if c in ("time", "cputime")]
-    if len(times) < 2 or len(cells) < times[1] + 4:
+    if len(times) < 2 or len(cells) < times[1] + 3:
         return None
 
     def group(start: int) -> tuple[float | None, float | None, int | None]:
         algbw = to_float(cells[start + 1])
         busbw = to_float(cells[start + 2])
-        wrong_col = cols[start + 3] if start + 3 < len(cols) else ""
+        wrong_col = cols[start + 3] if start + 3 < len(cols) and start + 3 < len(cells) else ""
         wrong = to_int(cells[start + 3]) if wrong_col == "#wrong" else None
         if wrong is None and wrong_col == "#wrong":
             f = to_float(cells[start + 3])
@@ -90,7 +98,10 @@ def _parse_text(text: str) -> dict[str, Any]:
     avg: float | None = None
     avg_failed = False
     errors: list[str] = []
-    for line in text.splitlines():
+    own = False
+    for raw in text.splitlines():
+        line = _TAG_RE.sub("", raw, count=1)
+        own = own or bool(_OWN_RE.search(line))
         if _RANK_RE.match(line.strip()):
             ranks += 1
             continue
@@ -117,8 +128,8 @@ def _parse_text(text: str) -> dict[str, Any]:
             row = _row_from_cells(cols, line.split())
             if row:
                 rows.append(row)
-    if cols is None and not rows:
-        raise ParseError("nccl-tests: no 'size count type ...' result header found; not nccl-tests output")
+    if cols is None and not rows and not own:
+        raise ParseError("nccl-tests: no 'size count type ...' result header or nccl-tests line; not nccl-tests output")
     warnings: list[str] = []
     if avg is None:
         warnings.append("no 'Avg bus bandwidth' line: the run did not finish")

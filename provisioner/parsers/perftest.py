@@ -3,8 +3,15 @@
 The same parser serves server and client, host memory and CUDA (``--use_cuda``) runs,
 ``--report_gbits`` and the default MB/sec columns. perftest's "MB/sec" is MiB/s
 (``bytes / 2**20`` per second), so it is converted to Gb/s with ``2**20 * 8 / 1e9``.
-A run that printed rows and then failed (``Failed to complete run_iter_bw``, a completion
-with error) keeps its rows but reports ``ok: false`` and the error line.
+
+``test`` is the verb exactly as the header prints it (``RDMA_Write``, ``RDMA_Read``,
+``Send``, ``RDMA_Write_imm``, ``Send_imm``, ``Atomic``: perftest's ``testsStr``);
+``program`` is the binary that prints that verb (``ib_write_bw``...). A run that failed
+before or after its header (no device, QP transition refused, rdma_cm rejected, the peer
+vanished mid-exchange) is still perftest output: it parses to ``ok: false`` with the error
+lines, never to "not perftest output". The error strings recognised here are perftest's
+own (``src/perftest_resources.c``, ``perftest_communication.c``, ``*_bw.c`` in
+linux-rdma/perftest).
 """
 
 from __future__ import annotations
@@ -17,32 +24,86 @@ from provisioner.parsers._common import require_text, to_float, to_int
 
 MIB_PER_S_TO_GBPS = 2**20 * 8 / 1e9
 
-_TEST_RE = re.compile(r"^\s*(RDMA_Write|RDMA_Read|Send|Atomic)\b(.*?)\bBW Test\s*$")
+_TEST_RE = re.compile(
+    r"^\s*(?P<verb>RDMA_Write_imm|RDMA_Write|RDMA_Read|Send_imm|Send|Atomic)\s+"
+    r"(?:(?:CMP_AND_SWAP|FETCH_AND_ADD)\s+)?(?P<bidir>Bidirectional\s+)?(?:Post List\s+)?BW\s+(?:\w+\s+)?Test\s*$"
+)
 _LAT_RE = re.compile(r"^\s*\S+.*\bLatency Test\s*$")
 _COLS_RE = re.compile(r"^\s*#bytes\s+#iterations\s+BW peak\[([A-Za-z/]+)\]\s+BW average\[([A-Za-z/]+)\]")
 _ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\b")
 _DEVICE_RE = re.compile(r"\bDevice\s*:\s*(\S+)")
+_REMOTE_RE = re.compile(r"^\s*remote address:", re.MULTILINE)
 _CUDA_DEV_RE = re.compile(r"\[pid = \d+, dev = (\d+)\]|Picking device No\. (\d+)|Using ROCm Device with ID: (\d+)")
 _CUDA_MARK_RE = re.compile(
     r"initializing CUDA|cuMemAlloc|CUDA device|use_cuda|supports CUDA|Using ROCm Device|Use ROCm memory\s*:\s*ON",
     re.IGNORECASE,
 )
 _ERROR_RE = re.compile(r"\b(?:fail(?:ed|ure)?|error|couldn't|could not|unable to)\b|syndrom", re.IGNORECASE)
-_NOT_ERRORS = ("Perftest doesn't supports CUDA", "Conflicting CPU frequency")
-_PERFTEST_ONLY_ERRORS = (
+#: Lines perftest prints that look alarming but are not a failure of the run: kept as warnings.
+_NOT_ERRORS = (
+    "Perftest doesn't supports CUDA",
+    "Conflicting CPU frequency",
+    "libibverbs: Warning:",
+    "WARNING: BW peak won't be measured",
+)
+#: Lines perftest prints on failure (start of the stripped line); they make a text perftest output on
+#: their own, so an error-only run parses instead of being rejected.
+_PERFTEST_ERRORS = (
     "Unable to init the socket connection",
-    "Couldn't connect to",
+    "Couldn't connect to ",
     "Unable to open file descriptor for socket connection",
     "Couldn't get device info",
+    "Couldn't get device attributes",
+    "Couldn't get context for the device",
     "Failed to complete run_iter_bw",
+    "Failed to complete run_iter_bi",
     "Completion with error at client",
     "Completion with error at server",
+    "Did not detect devices",
+    "If device exists, check if driver is up",
+    "No IB devices found",
+    "Unable to find the Infiniband/RoCE device",
+    "Failed to modify QP",
+    "Unable to Connect the HCA's through the link",
+    "ethernet_read_keys: Couldn't read remote address",
+    "ethernet_read_data: Couldn't read reports",
+    "Unable to read to socket/rdma_cm",
+    "Unable to read to socket/rdam_cm",
+    "Unable to write to socket/rdma_cm",
+    "Failed to exchange data between server and clients",
+    "Unable to perform rdma_client function",
+    "Unable to perform rdma_server function",
+    "Unable to create RDMA_CM resources",
+    "RDMA CM event error",
+    "Failed to handle RDMA CM event",
+    "Failed to connect RDMA CM events",
+    "rdma_resolve_addr failed",
+    "rdma_resolve_route failed",
+    "rdma_bind_addr failed",
+    "rdma_listen failed",
+    "rdma_create_event_channel failed",
+    "Unable to create QP.",
+    "Failed to create QP.",
+    "Couldn't create IB resources",
+    "Couldn't allocate MR",
+    "Couldn't set the link layer",
+    "Unable to set up socket connection",
+    "Failed to negotiate parameters",
+    "Couldn't listen to port",
+    "Found Incompatibility issue with GID types",
 )
+#: ``ib_write_bw: unrecognized option '--use_cuda=0'`` (getopt, a perftest built without CUDA).
+_OPTION_RE = re.compile(r"^(?:\S*/)?ib_(?:write|read|send|atomic)_bw: (?:unrecognized|invalid|unknown) option\b")
+_PORT_DOWN_RE = re.compile(r"^Port number \d+ state is Down$")
+_IB_DEVICE_NOT_FOUND_RE = re.compile(r"^IB device \S+ not found$")
 
-_TESTS = {
+#: Header verb -> the perftest program that prints it.
+_PROGRAMS = {
     "RDMA_Write": "ib_write_bw",
+    "RDMA_Write_imm": "ib_write_bw",
     "RDMA_Read": "ib_read_bw",
     "Send": "ib_send_bw",
+    "Send_imm": "ib_send_bw",
     "Atomic": "ib_atomic_bw",
 }
 
@@ -57,18 +118,33 @@ def _to_gbps(value: float, unit: str) -> float:
     raise ParseError(f"perftest: unknown bandwidth unit {unit!r}")
 
 
-def _looks_like_perftest(text: str) -> bool:
-    markers = ("BW Test", "#bytes", "Waiting for client to connect", *_PERFTEST_ONLY_ERRORS)
-    return any(m in text for m in markers)
+def _is_perftest_error(stripped: str) -> bool:
+    return (
+        stripped.startswith(_PERFTEST_ERRORS)
+        or bool(_OPTION_RE.match(stripped))
+        or bool(_PORT_DOWN_RE.match(stripped))
+        or bool(_IB_DEVICE_NOT_FOUND_RE.match(stripped))
+    )
+
+
+def _looks_like_perftest(lines: list[str]) -> bool:
+    for line in lines:
+        s = line.strip()
+        if _TEST_RE.match(line) or _COLS_RE.match(line) or "Waiting for client to connect" in s:
+            return True
+        if _is_perftest_error(s):
+            return True
+    return False
 
 
 def parse_perftest(text: str) -> dict[str, Any]:
-    """Parse one side (server or client) of an ib_*_bw run."""
+    """Parse one side (server or client) of an ib_*_bw run, or the error it printed instead."""
     require_text("perftest", text)
-    if not _looks_like_perftest(text):
-        if any(_LAT_RE.match(line) for line in text.splitlines()):
+    lines = text.splitlines()
+    if not _looks_like_perftest(lines):
+        if any(_LAT_RE.match(line) for line in lines):
             raise ParseError("perftest: this is a latency test (ib_*_lat); only bandwidth tests are parsed")
-        raise ParseError("perftest: no 'BW Test' header or '#bytes' table; this is not ib_*_bw output")
+        raise ParseError("perftest: no 'BW Test' header, '#bytes' table or perftest error line; not ib_*_bw output")
     test: str | None = None
     bidirectional = False
     device: str | None = None
@@ -77,11 +153,11 @@ def parse_perftest(text: str) -> dict[str, Any]:
     results: list[dict[str, Any]] = []
     errors: list[str] = []
     warnings: list[str] = []
-    for line in text.splitlines():
+    for line in lines:
         m = _TEST_RE.match(line)
         if m:
-            test = _TESTS[m.group(1)]
-            bidirectional = "bidirectional" in m.group(2).lower()
+            test = m.group("verb")
+            bidirectional = m.group("bidir") is not None
             continue
         m = _COLS_RE.match(line)
         if m:
@@ -109,18 +185,20 @@ def parse_perftest(text: str) -> dict[str, Any]:
         if c and cuda_device is None:
             cuda_device = to_int(c.group(1) or c.group(2) or c.group(3))
         stripped = line.strip()
-        if any(stripped.startswith(n) for n in _NOT_ERRORS):
-            if stripped.startswith("Conflicting CPU frequency"):
+        if stripped.startswith(_NOT_ERRORS):
+            if not stripped.startswith("Perftest doesn't supports CUDA"):
                 warnings.append(stripped)
             continue
-        if _ERROR_RE.search(stripped) and not stripped.startswith(("#", "-")):
+        if stripped.startswith(("#", "-")):
+            continue
+        if _is_perftest_error(stripped) or _ERROR_RE.search(stripped) or stripped.startswith("ERRNO:"):
             errors.append(stripped)
     gpudirect = bool(_CUDA_MARK_RE.search(text))
     if gpudirect and cuda_device is None and "picking first" in text:
         cuda_device = 0
     if "Waiting for client to connect" in text:
         role: str | None = "server"
-    elif results or "remote address" in text:
+    elif results or _REMOTE_RE.search(text):
         role = "client"
     else:
         role = None
@@ -133,6 +211,7 @@ def parse_perftest(text: str) -> dict[str, Any]:
         "ok": error is None,
         "role": role,
         "test": test,
+        "program": _PROGRAMS.get(test) if test else None,
         "bidirectional": bidirectional,
         "device": device,
         "gpudirect": gpudirect,
