@@ -1,4 +1,4 @@
-"""Parsers for the one-line-per-record tools: ibdev2netdev, ofed_info -s, lsmod, sminfo, opensm.conf.
+"""Parsers for the one-line-per-record tools: ibdev2netdev, ofed_info, lsmod, sminfo, opensm.conf.
 
 Each is small enough that a module per tool would only add import noise; they share the
 same contract as the others (``text -> dict``, ``ParseError`` when it is not that tool).
@@ -11,6 +11,7 @@ from typing import Any
 
 from provisioner.errors import ParseError
 from provisioner.parsers._common import norm_guid, require_text
+from provisioner.parsers._opensm_options import UPSTREAM_OPTIONS
 
 # --- ibdev2netdev ------------------------------------------------------------------------------
 
@@ -46,22 +47,65 @@ def parse_ibdev2netdev(text: str) -> dict[str, Any]:
     return {"tool": "ibdev2netdev", "mappings": mappings, "warnings": warnings}
 
 
-# --- ofed_info -s --------------------------------------------------------------------------------
+# --- ofed_info ----------------------------------------------------------------------------------
 
-_OFED_RE = re.compile(r"^\s*(?P<flavor>MLNX_OFED_LINUX|OFED-internal|OFED)-(?P<ver>[0-9][0-9A-Za-z.\-]*?)(?::)?\s*$")
+#: ``MLNX_OFED_LINUX-23.10-1.1.9.0 (OFED-23.10-1.1.9):`` (full form), ``MLNX_OFED_LINUX-5.8-1.1.2.1:`` (-s),
+#: ``OFED-internal-24.07-0.6.1:`` (DOCA-OFED), also pasted without the colon or indented.
+_OFED_RE = re.compile(
+    r"^\s*(?P<prefix>MLNX_OFED_LINUX|MLNX_EN_LINUX|OFED-internal|OFED)-(?P<ver>[0-9][0-9A-Za-z.\-]*?)"
+    r"(?:\s+\((?P<base>OFED-[^)\s]+)\))?:?\s*$"
+)
+#: ``ofed_info -n``: the version number alone (``5.0-2.1.8``, ``24.10-1.1.4.0``).
+_OFED_NUMBER_RE = re.compile(r"^\s*(?P<ver>[0-9]+\.[0-9]+-[0-9][0-9.]*)\s*$")
+_OFED_FAMILY = {
+    "MLNX_OFED_LINUX": "mlnx_ofed",
+    "MLNX_EN_LINUX": "mlnx_en",
+    "OFED-internal": "doca_ofed",
+    "OFED": "ofed",
+}
 
 
 def parse_ofed_info(text: str) -> dict[str, Any]:
-    """Parse ``ofed_info -s``: ``MLNX_OFED_LINUX-<ver>:`` (MOFED) or ``OFED-internal-<ver>:`` (DOCA-OFED)."""
+    """Parse ``ofed_info`` in its three forms: full listing, ``-s`` and ``-n``.
+
+    ``flavor`` is the prefix exactly as the tool prints it (``MLNX_OFED_LINUX``, ``OFED-internal``...);
+    ``family`` is the normalised name (``mlnx_ofed``, ``doca_ofed``, ``ofed``); ``-n`` prints neither,
+    so both are null there. ``base`` is the upstream OFED release the full form names in parentheses.
+    """
     require_text("ofed_info", text)
-    for line in text.splitlines():
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
         m = _OFED_RE.match(line)
-        if m:
-            flavor = "mlnx_ofed" if m.group("flavor") == "MLNX_OFED_LINUX" else "doca_ofed"
-            if m.group("flavor") == "OFED":
-                flavor = "ofed"
-            return {"tool": "ofed_info", "flavor": flavor, "version": m.group("ver"), "warnings": []}
-    raise ParseError("ofed_info: no 'MLNX_OFED_LINUX-<ver>:' or 'OFED-internal-<ver>:' line found")
+        if not m:
+            continue
+        rest = [ln for ln in lines[i + 1 :] if ln.strip()]
+        form = "full" if m.group("base") or (rest and rest[0].strip().endswith(":")) else "short"
+        warnings: list[str] = []
+        if not line.rstrip().endswith(":"):
+            warnings.append("version line has no trailing ':' (copied from a log or trimmed?)")
+        return {
+            "tool": "ofed_info",
+            "flavor": m.group("prefix"),
+            "family": _OFED_FAMILY[m.group("prefix")],
+            "version": m.group("ver"),
+            "base": m.group("base"),
+            "form": form,
+            "warnings": warnings,
+        }
+    numbers = [ln for ln in lines if ln.strip()]
+    if len(numbers) == 1:
+        n = _OFED_NUMBER_RE.match(numbers[0])
+        if n:
+            return {
+                "tool": "ofed_info",
+                "flavor": None,
+                "family": None,
+                "version": n.group("ver"),
+                "base": None,
+                "form": "number",
+                "warnings": ["ofed_info -n names no flavour: MLNX_OFED and DOCA-OFED versions look alike"],
+            }
+    raise ParseError("ofed_info: no 'MLNX_OFED_LINUX-<ver>', 'OFED-internal-<ver>' or bare version line found")
 
 
 # --- lsmod ---------------------------------------------------------------------------------------
@@ -70,32 +114,49 @@ _LSMOD_HEAD_RE = re.compile(r"^\s*Module\s+Size\s+Used by\s*$")
 _LSMOD_ROW_RE = re.compile(r"^(?P<name>[A-Za-z0-9_\-]+)\s+(?P<size>\d+)\s+(?P<count>-?\d+|-)(?:\s+(?P<by>\S.*))?$")
 
 
+def _lsmod_row(line: str) -> tuple[str, dict[str, Any]] | None:
+    m = _LSMOD_ROW_RE.match(line.strip())
+    if not m:
+        return None
+    by_raw = (m.group("by") or "").strip()
+    used_by = [] if by_raw.startswith("[") or not by_raw else [u for u in by_raw.split(",") if u]
+    count = m.group("count")
+    return m.group("name"), {
+        "size": int(m.group("size")),
+        "used_by_count": None if count == "-" else int(count),
+        "used_by": used_by,
+    }
+
+
 def parse_lsmod(text: str) -> dict[str, Any]:
-    """Parse ``lsmod``; the ``Module Size Used by`` header is required so other tables are rejected."""
+    """Parse ``lsmod``, whole or filtered (``lsmod | grep nvidia``).
+
+    With the ``Module Size Used by`` header the listing is complete (``complete: true``) and an odd
+    line is only a warning. Without it (grep drops the header) every non-blank line must be an lsmod
+    row, which is what keeps other tables out; ``complete`` is then false, because a module absent
+    from a filtered listing may still be loaded.
+    """
     require_text("lsmod", text)
     lines = text.splitlines()
-    try:
-        start = next(i for i, line in enumerate(lines) if _LSMOD_HEAD_RE.match(line))
-    except StopIteration:
-        raise ParseError("lsmod: no 'Module  Size  Used by' header found") from None
+    start = next((i for i, line in enumerate(lines) if _LSMOD_HEAD_RE.match(line)), None)
     modules: dict[str, dict[str, Any]] = {}
     warnings: list[str] = []
-    for line in lines[start + 1 :]:
+    body = lines[start + 1 :] if start is not None else lines
+    for n, line in enumerate(body, start=(start or -1) + 2):
         if not line.strip():
             continue
-        m = _LSMOD_ROW_RE.match(line.strip())
-        if not m:
+        row = _lsmod_row(line)
+        if row is None:
+            if start is None:
+                raise ParseError(f"lsmod: line {n} is not a 'module size count [users]' row and there is no header")
             warnings.append(f"unparsed line: {line.strip()[:80]}")
             continue
-        by_raw = (m.group("by") or "").strip()
-        used_by = [] if by_raw.startswith("[") or not by_raw else [u for u in by_raw.split(",") if u]
-        count = m.group("count")
-        modules[m.group("name")] = {
-            "size": int(m.group("size")),
-            "used_by_count": None if count == "-" else int(count),
-            "used_by": used_by,
-        }
-    return {"tool": "lsmod", "modules": modules, "warnings": warnings}
+        modules[row[0]] = row[1]
+    if start is None:
+        if not modules:
+            raise ParseError("lsmod: no 'Module  Size  Used by' header and no module row")
+        warnings.append("no 'Module Size Used by' header: a filtered listing, modules missing from it may be loaded")
+    return {"tool": "lsmod", "complete": start is not None, "modules": modules, "warnings": warnings}
 
 
 # --- sminfo --------------------------------------------------------------------------------------
@@ -134,32 +195,36 @@ def parse_sminfo(text: str) -> dict[str, Any]:
 
 _CONF_RE = re.compile(r"^(?P<key>[a-z][a-z0-9_]*)\s+(?P<val>\S.*?)\s*$")
 _AR_ENGINES = ("ar_updn", "ar_ftree", "ar_torus", "ar_dor")
-_KNOWN_KEYS = ("routing_engine", "sm_priority", "log_file", "sweep_interval", "guid", "lmc")
+#: What ``opensm -c`` writes for an option that is not set.
+_UNSET = "(null)"
 
 
 def parse_opensm_conf(text: str) -> dict[str, Any]:
     """Parse ``opensm.conf`` (``key value`` lines, ``#`` comments).
 
-    ``adaptive_routing`` is true when the routing engine list names an AR engine
-    (``ar_updn``...) or ``ar_mode``/``adaptive_routing`` style options enable it; that is
-    how MLNX/DOCA opensm turns AR on.
+    A file is an opensm.conf when every line is ``key value`` and at least one key is an upstream
+    OpenSM option (:data:`UPSTREAM_OPTIONS`); a site file may set one QoS option and nothing else.
+    ``(null)``, which ``opensm -c`` writes for an unset option, counts as unset. ``adaptive_routing``
+    is true when the routing engine list names an AR engine (``ar_updn``...) or an
+    ``ar_mode``/``adaptive_routing`` style option enables it; that is how MLNX/DOCA opensm turns AR on.
     """
     require_text("opensm.conf", text)
     options: dict[str, str] = {}
-    for line in text.splitlines():
+    for n, line in enumerate(text.splitlines(), start=1):
         s = line.strip()
         if not s or s.startswith("#"):
             continue
         m = _CONF_RE.match(s)
         if not m:
-            raise ParseError(f"opensm.conf: line is not 'key value': {s[:60]!r}")
+            raise ParseError(f"opensm.conf: line {n} is not 'key value': {s[:60]!r}")
         options[m.group("key")] = m.group("val")
-    if not options or not any(k in options for k in _KNOWN_KEYS):
-        raise ParseError("opensm.conf: no known opensm option (routing_engine, sm_priority, guid...)")
-    engines = [e.strip() for e in options.get("routing_engine", "").split(",") if e.strip()]
+    if not any(k in UPSTREAM_OPTIONS for k in options):
+        raise ParseError("opensm.conf: no OpenSM option (routing_engine, sm_priority, guid, qos_*...) in the text")
+    engine_value = options.get("routing_engine", "")
+    engines = [] if engine_value == _UNSET else [e.strip() for e in engine_value.split(",") if e.strip()]
     ar_flags = [v for k, v in options.items() if k in ("ar_mode", "adaptive_routing", "ar_enable")]
     ar = any(e in _AR_ENGINES for e in engines) or any(
-        v.strip().lower() not in ("0", "false", "disable", "disabled", "none") for v in ar_flags
+        v.strip().lower() not in ("0", "false", "disable", "disabled", "none", _UNSET) for v in ar_flags
     )
     warnings = [] if engines else ["routing_engine not set: opensm uses minhop"]
     return {

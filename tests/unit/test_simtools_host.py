@@ -187,7 +187,7 @@ def test_outputs_parse_with_project_parsers(lab: Path) -> None:
     assert topo["nic_names"]["NIC0"] == "mlx5_0" and len(topo["gpus"]) == 8
     for args in (("-s",), ()):
         ofed = parse("ofed_info", run(lab, "ofed_info", *args).stdout)
-        assert ofed["version"] == "24.10-1.1.4.0" and ofed["flavor"] == "doca_ofed"
+        assert ofed["version"] == "24.10-1.1.4.0" and ofed["family"] == "doca_ofed"
     for args in ((), ("-v",)):
         maps = parse("ibdev2netdev", run(lab, "ibdev2netdev", *args).stdout)["mappings"]
         assert maps[0] == {"device": "mlx5_0", "port": 1, "netdev": "ibp23s0", "netdev_up": True}
