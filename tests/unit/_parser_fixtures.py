@@ -35,3 +35,26 @@ def all_fixtures() -> list[tuple[str, str]]:
     from provisioner.parsers import PARSERS
 
     return sorted((p.parent.name, p.name) for p in FIXTURES.glob("*/*.txt") if p.parent.name in PARSERS)
+
+
+def grep(text: str, pattern: str, after: int = 0) -> str:
+    """What ``grep -E pattern`` (with ``-A after``) prints for ``text``: the way operators paste output.
+
+    Used to turn a real capture into the filtered form (``ibstatus | grep -A1 ...``) without
+    inventing any line: every line kept is a line of the capture, with grep's ``--`` between groups.
+    """
+    import re
+
+    lines = text.splitlines()
+    keep: list[int] = []
+    for i, line in enumerate(lines):
+        if re.search(pattern, line):
+            keep.extend(range(i, min(i + after + 1, len(lines))))
+    out: list[str] = []
+    last = -2
+    for i in sorted(set(keep)):
+        if out and after and i != last + 1:
+            out.append("--")
+        out.append(lines[i])
+        last = i
+    return "\n".join(out) + "\n"

@@ -6,7 +6,7 @@ import pytest
 
 from provisioner.errors import ParseError
 from provisioner.parsers import parse
-from tests.unit._parser_fixtures import load
+from tests.unit._parser_fixtures import grep, load
 
 
 def test_ibstat_initializing_port_without_ca_type() -> None:
@@ -181,3 +181,110 @@ def test_sminfo(name: str, lid: int, guid: str, activity: int, priority: int) ->
 def test_ibstat_rejects_ibstatus_output() -> None:
     with pytest.raises(ParseError, match="not ibstat output"):
         parse("ibstat", load("ibstatus", "hubutui_nccl_notes_mixed_down.txt"))
+
+
+def test_ibstat_gpud_ibpanic_after_eight_space_indented_cas() -> None:
+    out = parse("ibstat", load("ibstat", "gpud_testdata_a100_ibpanic_after_8.txt"))
+    assert [d["name"] for d in out["devices"]] == [f"mlx5_{i}" for i in range(8)]
+    assert {p["rate_gbps"] for d in out["devices"] for p in d["ports"]} == {200.0}
+    assert out["errors"] == ["ibpanic: [1400444] main: stat of IB device 'mlx5_8' failed: No such file or directory"]
+
+
+def test_ibstat_gpud_roce_ports_down_with_placeholder_rate() -> None:
+    out = parse("ibstat", load("ibstat", "gpud_testdata_h100_polling_disabled.txt"))
+    down = {d["name"]: (p["state"], p["physical_state"], p["rate_gbps"]) for d in out["devices"] for p in d["ports"]
+            if p["state"] == "down"}
+    assert down == {"mlx5_11": ("down", "polling", 40.0), "mlx5_5": ("down", "disabled", 40.0)}
+    assert {p["link_layer"] for d in out["devices"] for p in d["ports"]} == {"ethernet"}
+    assert sum("placeholder" in w for w in out["warnings"]) == 2
+
+
+def test_ibstat_gpud_mixed_ib_and_ethernet() -> None:
+    out = parse("ibstat", load("ibstat", "gpud_testdata_h100_some_down.txt"))
+    layers = {d["name"]: d["ports"][0]["link_layer"] for d in out["devices"]}
+    assert sum(v == "infiniband" for v in layers.values()) == 8
+    assert [d["name"] for d in out["devices"] if d["ports"][0]["state"] == "down"] == ["mlx5_2", "mlx5_7", "mlx5_8"]
+    active = parse("ibstat", load("ibstat", "gpud_testdata_a100_all_active.txt"))
+    assert len(active["devices"]) == 9 and active["warnings"] == []
+    roce = parse("ibstat", load("ibstat", "gpud_testdata_h100_all_active.txt"))
+    assert {d["ports"][0]["rate_gbps"] for d in roce["devices"]} == {400.0, 100.0}
+
+
+def test_ibstatus_old_format_without_link_layer() -> None:
+    out = parse("ibstatus", load("ibstatus", "ompi_users_24833_ddr_init_no_link_layer.txt"))
+    assert [(p["port"], p["state"], p["physical_state"], p["speed"], p["link_layer"]) for p in out["ports"]] == [
+        (1, "active", "linkup", "DDR", None),
+        (2, "init", "linkup", "DDR", None),
+    ]
+
+
+def test_ibstatus_training_port_and_a_block_cut_short() -> None:
+    out = parse("ibstatus", load("ibstatus", "ompi_users_24855_training_partial.txt"))
+    p1, p2 = out["ports"]
+    assert (p1["state"], p1["physical_state"], p1["rate_gbps"], p1["width"], p1["speed"]) == (
+        "down", "training", 10.0, "4X", None)
+    assert (p2["device"], p2["port"], p2["state"], p2["rate_gbps"]) == ("mlx4_0", 2, None, None)
+    assert out["warnings"] == ["mlx4_0 port 1: port is Down, rate 10 is a placeholder"]
+
+
+def test_ibstatus_tabs_and_a_nine_port_host() -> None:
+    fdr = parse("ibstatus", load("ibstatus", "heioy_books_cx3_fdr_tabs.txt"))
+    assert [(p["rate_gbps"], p["speed"]) for p in fdr["ports"]] == [(56.0, "FDR"), (56.0, "FDR")]
+    a100 = parse("ibstatus", load("ibstatus", "gpud_testdata_a100_hdr_nine_ports.txt"))
+    assert len(a100["ports"]) == 9
+    assert sum(p["speed"] == "HDR" and p["link_layer"] == "infiniband" for p in a100["ports"]) == 8
+
+
+def test_ibstatus_through_grep_state_and_rate_lines_only() -> None:
+    real = load("ibstatus", "gpud_testdata_a100_hdr_nine_ports.txt")
+    out = parse("ibstatus", grep(real, r"^\s+(state|rate):"))
+    assert len(out["ports"]) == 9
+    assert all(p["device"] is None and p["state"] == "active" for p in out["ports"])
+    assert [p["rate_gbps"] for p in out["ports"]].count(200.0) == 8
+    assert any("unnamed" in w for w in out["warnings"])
+
+
+def test_ibstatus_through_grep_after_context_keeps_the_device_names() -> None:
+    real = load("ibstatus", "hubutui_nccl_notes_mixed_down.txt")
+    filtered = grep(real, "Infiniband device", after=1)
+    assert "--" in filtered.splitlines()
+    out = parse("ibstatus", filtered)
+    assert [p["device"] for p in out["ports"]] == ["mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"]
+    assert all(p["state"] is None for p in out["ports"])
+    down = parse("ibstatus", grep(real, "state:"))
+    assert [p["state"] for p in down["ports"]] == ["active", "active", "down", "active"]
+
+
+def test_ibstatus_rejects_key_lines_that_read_as_nothing() -> None:
+    with pytest.raises(ParseError, match="ibstatus"):
+        parse("ibstatus", "state: fine\nrate: fast\n")
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("cloud_native_stack_one_down.txt", [("mlx5_0", "ens192f0", True), ("mlx5_1", "ens192f1", False)]),
+        ("nvidia_cloud_native_docs_rst_indented.txt", [("mlx5_0", "ens64np1", True)]),
+        ("sriov_operator382_vf_in_pod_down.txt", [("mlx5_3", "net1", False)]),
+    ],
+)
+def test_ibdev2netdev_more_real_listings(name: str, expected: list[tuple[str, str, bool]]) -> None:
+    out = parse("ibdev2netdev", load("ibdev2netdev", name))
+    assert [(m["device"], m["netdev"], m["netdev_up"]) for m in out["mappings"]] == expected
+
+
+def test_ibdev2netdev_vfs_keep_their_netdev_names() -> None:
+    out = parse("ibdev2netdev", load("ibdev2netdev", "openshift_sriov635_vfs_excerpt.txt"))
+    assert len(out["mappings"]) == 16
+    assert out["mappings"][0] == {"device": "mlx5_19", "port": 1, "netdev": "ibp75s0v7", "netdev_up": False}
+    assert [m["device"] for m in out["mappings"] if m["netdev_up"]] == ["mlx5_2", "mlx5_4", "mlx5_6"]
+
+
+def test_iblinkinfo_qdr_snippet_with_elisions() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "legoos_readme_qdr_snippet.txt"))
+    assert [(lk["switch"], lk["peer_port"], lk["lane_speed_gbps"], lk["rate_gbps"]) for lk in out["links"]] == [
+        ("wuklab00 mlx4_0", 1, 10.0, 40.0),
+        ("wuklab01 mlx4_0", 2, 10.0, 40.0),
+        ("wuklab02 mlx4_0", 3, 10.0, 40.0),
+    ]
+    assert {lk["peer"] for lk in out["links"]} == {"MF0;wuklab-ibsw:IS5035/U1"}
