@@ -6,6 +6,8 @@ input, another tool's output, and random text or bytes (hypothesis).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -35,6 +37,36 @@ def test_own_fixture_parses_with_tool_and_warnings(tool: str, name: str) -> None
     out = parse(tool, load(tool, name))
     assert isinstance(out["warnings"], list)
     assert out["tool"] == tool
+
+
+@pytest.mark.parametrize(("tool", "name"), FIXTURES)
+def test_crlf_line_endings_parse_the_same(tool: str, name: str) -> None:
+    text = load(tool, name)
+    assert parse(tool, text.replace("\r\n", "\n").replace("\n", "\r\n")) == parse(tool, text)
+
+
+@pytest.mark.parametrize(("tool", "name"), FIXTURES)
+def test_leading_spaces_parse_the_same(tool: str, name: str) -> None:
+    # Pasted into a doc, a list item or a ticket, every line of an output gains the same indent.
+    text = load(tool, name)
+    indented = "".join("    " + line if line.strip() else line for line in text.splitlines(keepends=True))
+    assert parse(tool, indented) == parse(tool, text)
+
+
+def _readme_fixture_counts() -> dict[str, int]:
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Parsing tool output", 1)[1].split("\n## ", 1)[0]
+    counts: dict[str, int] = {}
+    for row in section.splitlines():
+        cells = [c.strip(" `") for c in row.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0] in PARSERS and cells[-1].isdigit():
+            counts[cells[0]] = int(cells[-1])
+    return counts
+
+
+def test_readme_table_lists_every_tool_with_its_real_capture_count() -> None:
+    on_disk = {tool: sum(1 for t, _ in FIXTURES if t == tool) for tool in TOOLS}
+    assert _readme_fixture_counts() == on_disk
 
 
 CROSS = [(tool, other, name) for tool in TOOLS for other, name in FIXTURES if other != tool]
