@@ -2,7 +2,8 @@
 
 Every fixture file starts with up to three header lines, ``# Source: ...`` and
 ``# Shows: ...``, that no tool prints. They are removed here before parsing; nothing else
-in the file is touched (nccl-tests' own ``#`` lines stay).
+in the file is touched (nccl-tests' own ``#`` lines stay, and a capture saved with CRLF line
+endings keeps them: the file is read without newline translation).
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ def strip_header(text: str) -> str:
 
 def load(tool: str, name: str) -> str:
     """Return the sample text of ``tests/fixtures/<tool>/<name>`` without its header."""
-    return strip_header((FIXTURES / tool / name).read_text(encoding="utf-8"))
+    with open(FIXTURES / tool / name, encoding="utf-8", newline="") as f:
+        return strip_header(f.read())
 
 
 def all_fixtures() -> list[tuple[str, str]]:

@@ -1,4 +1,4 @@
-"""ibnetdiscover on the example output published in rdma-core's man page."""
+"""ibnetdiscover on the example output published in rdma-core's man page, and on real fabric captures."""
 
 from __future__ import annotations
 
@@ -71,3 +71,63 @@ def test_narrow_links_keep_the_narrower_end_and_warn(topo: dict[str, Any]) -> No
 def test_rejects_iblinkinfo_output() -> None:
     with pytest.raises(ParseError, match="ibnetdiscover"):
         parse("ibnetdiscover", load("iblinkinfo", "linpack_edr_sb7700.txt"))
+
+
+def _hk(name: str) -> dict[str, Any]:
+    return parse("ibnetdiscover", load("ibnetdiscover", f"hyungkwang_{name}.txt"))
+
+
+def test_crlf_capture_with_a_self_cabled_switch_and_sdr_trained_cas() -> None:
+    text = load("ibnetdiscover", "hyungkwang_hdr_quantum_2019_crlf.txt")
+    assert "\r\n" in text  # saved on Windows: the fixture keeps the bytes
+    topo = parse("ibnetdiscover", text)
+    assert [(s["lid"], len(s["ports"])) for s in topo["switches"]] == [(10, 21), (0, 40), (42, 21)]
+    loop = [lk for lk in topo["links"] if lk["from_guid"] == lk["to_guid"]]
+    assert [(lk["from_port"], lk["to_port"]) for lk in loop] == [(19, 20)]  # printed from both ports, kept once
+    sdr = sorted((lk["from_name"], lk["to_name"], lk["rate_gbps"]) for lk in topo["links"] if lk["speed"] == "SDR")
+    assert sdr == [
+        ("Quantum Mellanox Technologies", "fit26 HCA-3", 10.0),
+        ("fit101 HCA-1", "Quantum Mellanox Technologies", 10.0),
+    ]
+    assert [c["name"] for c in topo["cas"]] == ["fit101 HCA-1", "fit26 HCA-3"]
+
+
+def test_terminal_paste_with_prompt_line_bom_and_spaces_for_tabs() -> None:
+    topo = _hk("dgx_a100_qm8790_prompt")
+    assert [(s["name"], s["lid"], s["num_ports"], len(s["ports"])) for s in topo["switches"]] == [
+        ("sp69.cn.a0807.qm8790.krskp", 15, 41, 29)
+    ]
+    assert [c["name"] for c in topo["cas"]] == [
+        "Mellanox Technologies Aggregation Node",
+        "pg-spd140 mlx5_6",
+        "pg-compute-ufm001 HCA-1",
+    ]
+    assert {lk["speed"] for lk in topo["links"]} == {"HDR"}
+    sharp = [lk for lk in topo["links"] if lk["to_name"] == "Mellanox Technologies Aggregation Node"]
+    assert [(lk["from_port"], lk["to_port"], lk["rate_gbps"]) for lk in sharp] == [(41, 1, 200.0)]
+    assert topo["warnings"] == [] and topo["errors"] == []
+
+
+def test_edr_director_fabric() -> None:
+    topo = _hk("edr_cs7500_2019")
+    assert [(s["name"], s["lid"], s["num_ports"]) for s in topo["switches"]] == [
+        ("SwitchIB Mellanox Technologies", 1085, 37)
+    ]
+    assert {(lk["width"], lk["speed"], lk["rate_gbps"]) for lk in topo["links"]} == {("4X", "EDR", 100.0)}
+    assert topo["cas"][-1]["name"] == "lassenufm1 HCA-1"
+
+
+def test_ibdiagnet_written_topology_file() -> None:
+    # ibdiagnet writes the same format with "[n](n)" port columns and 8-digit vendid.
+    topo = _hk("ibdiagnet_cs8500_hdr")
+    assert [(s["guid"], s["lid"]) for s in topo["switches"]] == [
+        ("0xb8cef60300617c9a", 784),
+        ("0xb8cef6030061787a", 14),
+    ]
+    by_port = {(lk["from_guid"], lk["from_port"]): lk for lk in topo["links"]}
+    first = by_port[("0xb8cef6030061787a", 1)]
+    got = (first["to_name"], first["to_port"], first["speed"], first["rate_gbps"])
+    assert got == ("st21scr52 HCA-2", 1, "EDR", 100.0)
+    assert "MT4123 ConnectX6   Mellanox Technologies" in [c["name"] for c in topo["cas"]]
+    # st21scr52 HCA-2's own line is the far end of that link: counted once.
+    assert len([lk for lk in topo["links"] if "st21scr52 HCA-2" in (lk["from_name"], lk["to_name"])]) == 1
