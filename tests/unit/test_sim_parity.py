@@ -140,8 +140,11 @@ def test_nvidia_smi_topo_parity(hostlab: Path) -> None:
 
 def test_ofed_info_parity(hostlab: Path) -> None:
     outs = [parse("ofed_info", host.run(hostlab, "ofed_info", *args).stdout) for args in (("-s",), (), ("-n",))]
-    assert [(o["flavor"], o["form"]) for o in outs] == [("OFED-internal", "short"), ("OFED-internal", "full"),
-                                                         (None, "number")]
+    assert [(o["flavor"], o["form"]) for o in outs] == [
+        ("OFED-internal", "short"),
+        ("OFED-internal", "full"),
+        (None, "number"),
+    ]
     version = hostlab / "sys/usr/lib/provisioner-lab/ofed.version"
     version.write_text(json.dumps({"kind": "mlnx", "version": "5.8-3.0.7.0", "packages": {}}))
     outs += [parse("ofed_info", host.run(hostlab, "ofed_info", *args).stdout) for args in (("-s",), ())]
@@ -159,8 +162,12 @@ def test_lsmod_parity(tmp_path: Path) -> None:
     link = tmp_path / "lsmod"
     link.symlink_to(Path(kmod_sim.__file__))
     labstate.save_modules(str(tmp_path), "gpu01", ["nvidia_peermem", "nvidia", "ib_core", "mlx5_ib", "mlx5_core"])
-    env = {"PROVISIONER_LAB_ROOT": str(tmp_path), "PROVISIONER_LAB_HOST": "gpu01",
-           "PROVISIONER_LAB_LIB": str(Path(labstate.__file__).parent), "PATH": "/usr/bin"}
+    env = {
+        "PROVISIONER_LAB_ROOT": str(tmp_path),
+        "PROVISIONER_LAB_HOST": "gpu01",
+        "PROVISIONER_LAB_LIB": str(Path(labstate.__file__).parent),
+        "PATH": "/usr/bin",
+    }
     done = subprocess.run([sys.executable, str(link)], capture_output=True, text=True, env=env, check=True)
     out = parse("lsmod", done.stdout)
     assert out["complete"] is True and out["modules"]["ib_core"]["used_by"] == ["nvidia_peermem", "mlx5_ib"]
@@ -195,8 +202,9 @@ def test_perftest_parity_client_server_and_failures(fablab: Path) -> None:
     fab.activate_all(fablab)
     outs: list[dict[str, Any]] = []
     for tool, verb in (("ib_write_bw", "RDMA_Write"), ("ib_read_bw", "RDMA_Read"), ("ib_send_bw", "Send")):
-        server, client = fab.perftest_pair(fablab, ["-d", "mlx5_0", "--report_gbits"],
-                                           ["-d", "mlx5_0", "--report_gbits"], tool=tool)
+        server, client = fab.perftest_pair(
+            fablab, ["-d", "mlx5_0", "--report_gbits"], ["-d", "mlx5_0", "--report_gbits"], tool=tool
+        )
         for done, role in ((server, "server"), (client, "client")):
             out = parse("perftest", done.stdout)
             assert (out["test"], out["program"], out["role"], out["ok"]) == (verb, tool, role, True), done.stdout
@@ -206,8 +214,9 @@ def test_perftest_parity_client_server_and_failures(fablab: Path) -> None:
     fab.set_port(fablab, "gpu01", 0, state="down", phys_state="polling")
     down = fab.run_tool(fablab, "gpu01", "ib_write_bw", "-d", "mlx5_0")
     missing = fab.run_tool(fablab, "gpu01", "ib_write_bw", "-d", "mlx5_7")
-    alone = fab.run_tool(fablab, "gpu02", "ib_write_bw", "-p", str(fab.free_port()), "127.0.0.1",
-                         PROVISIONER_LAB_PERFTEST_RETRY_S="0")
+    alone = fab.run_tool(
+        fablab, "gpu02", "ib_write_bw", "-p", str(fab.free_port()), "127.0.0.1", PROVISIONER_LAB_PERFTEST_RETRY_S="0"
+    )
     for done in (down, missing, alone):
         failed = parse("perftest", done.stdout + done.stderr)
         assert failed["ok"] is False and failed["error"], done.stderr
@@ -217,13 +226,17 @@ def test_perftest_parity_client_server_and_failures(fablab: Path) -> None:
 
 def test_all_reduce_perf_parity(fablab: Path) -> None:
     fab.activate_all(fablab)
-    ok = fab.run_tool(fablab, "gpu01", "all_reduce_perf", "-b", "8", "-e", "1G", "-f", "4", "-g", "2",
-                      NCCL_TESTS_HOSTS="gpu01,gpu02")
+    ok = fab.run_tool(
+        fablab, "gpu01", "all_reduce_perf", "-b", "8", "-e", "1G", "-f", "4", "-g", "2", NCCL_TESTS_HOSTS="gpu01,gpu02"
+    )
     single = fab.run_tool(fablab, "gpu01", "all_reduce_perf", "-b", "8G", "-e", "8G", "-g", "2")
     (fablab.parent / "lib" / "nvidia-driver.version").unlink()
     broken = fab.run_tool(fablab, "gpu01", "all_reduce_perf")
-    outs = [parse("nccl-tests", ok.stdout), parse("nccl-tests", single.stdout),
-            parse("nccl-tests", broken.stdout + broken.stderr)]
+    outs = [
+        parse("nccl-tests", ok.stdout),
+        parse("nccl-tests", single.stdout),
+        parse("nccl-tests", broken.stdout + broken.stderr),
+    ]
     assert outs[0]["ok"] and outs[0]["nranks"] == 4 and outs[2]["ok"] is False
     assert_same_fields("nccl-tests", outs, real_pairs("nccl-tests"))
 
@@ -247,8 +260,14 @@ def test_ibnetdiscover_parity(fablab: Path) -> None:
 def _heartbeat(lab: Path, guid: str, lid: int, priority: int, state: str) -> None:
     sm_dir = lab / "sm"
     sm_dir.mkdir(exist_ok=True)
-    rec = {"guid": guid, "lid": lid, "priority": priority, "state": state, "activity_count": 4242,
-           "heartbeat": time.time()}
+    rec = {
+        "guid": guid,
+        "lid": lid,
+        "priority": priority,
+        "state": state,
+        "activity_count": 4242,
+        "heartbeat": time.time(),
+    }
     (sm_dir / f"{guid}.json").write_text(json.dumps(rec))
 
 
@@ -298,8 +317,9 @@ def test_mlnx_qos_parity(tmp_path: Path) -> None:
     env = {**os.environ, "PROVISIONER_LAB_ROOT": str(tmp_path), "PROVISIONER_LAB_HOST": "roce1"}
 
     def mlnx_qos(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, str(SIMTOOLS / "mlnx_qos"), *args], capture_output=True, text=True,
-                              env=env, check=False)
+        return subprocess.run(
+            [sys.executable, str(SIMTOOLS / "mlnx_qos"), *args], capture_output=True, text=True, env=env, check=False
+        )
 
     plain = mlnx_qos("-i", "enp23s0np0").stdout
     assert mlnx_qos("-i", "enp23s0np0", "--trust", "dscp").returncode == 0
@@ -311,8 +331,15 @@ def test_mlnx_qos_parity(tmp_path: Path) -> None:
 
 def test_flatten_names_list_items_and_map_values() -> None:
     pairs = flatten({"a": [{"b": 1}], "m": {"x": {"c": None}}, "f": 1.5}, frozenset({"m"}))
-    assert pairs == {("a", "list"), ("a[]", "dict"), ("a[].b", "int"), ("m", "dict"), ("m{}", "dict"),
-                     ("m{}.c", "null"), ("f", "float")}
+    assert pairs == {
+        ("a", "list"),
+        ("a[]", "dict"),
+        ("a[].b", "int"),
+        ("m", "dict"),
+        ("m{}", "dict"),
+        ("m{}.c", "null"),
+        ("f", "float"),
+    }
 
 
 def test_assert_same_fields_catches_a_private_field_and_a_missing_one() -> None:
@@ -322,4 +349,3 @@ def test_assert_same_fields_catches_a_private_field_and_a_missing_one() -> None:
     with pytest.raises(AssertionError, match=r"lacks fields real captures have: \['rows\[\]\.busbw'\]"):
         assert_same_fields("t", [{"rows": [{"size": 1}]}], real)
     assert_same_fields("t", [{"rows": []}], real)
-
