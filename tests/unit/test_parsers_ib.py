@@ -266,11 +266,17 @@ def test_ibstatus_rejects_key_lines_that_read_as_nothing() -> None:
         ("cloud_native_stack_one_down.txt", [("mlx5_0", "ens192f0", True), ("mlx5_1", "ens192f1", False)]),
         ("nvidia_cloud_native_docs_rst_indented.txt", [("mlx5_0", "ens64np1", True)]),
         ("sriov_operator382_vf_in_pod_down.txt", [("mlx5_3", "net1", False)]),
+        ("heioy_mlx4_dual_port_ipoib.txt", [("mlx4_0", "ib0", True), ("mlx4_0", "ib1", True)]),
     ],
 )
 def test_ibdev2netdev_more_real_listings(name: str, expected: list[tuple[str, str, bool]]) -> None:
     out = parse("ibdev2netdev", load("ibdev2netdev", name))
     assert [(m["device"], m["netdev"], m["netdev_up"]) for m in out["mappings"]] == expected
+
+
+def test_ibdev2netdev_two_ports_of_one_device_stay_apart() -> None:
+    out = parse("ibdev2netdev", load("ibdev2netdev", "heioy_mlx4_dual_port_ipoib.txt"))
+    assert [(m["device"], m["port"]) for m in out["mappings"]] == [("mlx4_0", 1), ("mlx4_0", 2)]
 
 
 def test_ibdev2netdev_vfs_keep_their_netdev_names() -> None:
