@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provisioner.drift import peer_groups
 from provisioner.errors import ParseError, UsageError
 from provisioner.fabric import bandwidth, baseline, cabling, gpudirect, links, nccl, sm_verify, storage, versions
 from provisioner.fabric.findings import CheckResult, Finding, Value
@@ -177,7 +178,8 @@ class _Verifier:
                     continue
                 observed.setdefault(node, {})[comp] = versions.read_version(comp, done.stdout) if done.rc == 0 else None
         fw = {n: links.firmware(obs) for n, obs in self.ibstat().items()}
-        found = versions.version_findings(self.cluster, observed) + versions.firmware_findings(fw)
+        groups = peer_groups(self.cluster)
+        found = versions.version_findings(self.cluster, observed, groups) + versions.firmware_findings(fw, groups)
         for node in sorted(comps_by_node):
             if node in unreachable:
                 self.checks.append(CheckResult.could_not_run(versions.CHECK, node, "unreachable"))
@@ -367,8 +369,10 @@ def verify(
     checks = [*v.checks]
     if v.matrix or v.nccl_busbw is not None:
         checks.append(CheckResult.from_findings(baseline.CHECK, None, drift))
+    peers = {node: group for group, nodes in peer_groups(cluster).items() for node in nodes}
     report = VerifyReport(cluster=cluster.name, started=started, finished=finished, checks=tuple(checks),
-                          bandwidth=v.matrix, line_rate=v.line_rate, versions=v.versions, notes=tuple(v.notes))
+                          bandwidth=v.matrix, line_rate=v.line_rate, versions=v.versions, notes=tuple(v.notes),
+                          peers=peers)
     directory = None
     if write:
         directory = root / stamp

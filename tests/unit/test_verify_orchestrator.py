@@ -150,3 +150,46 @@ def test_write_false_leaves_no_files(tmp_path: Path) -> None:
     run = verify(cluster(), tests=["links"], remote=FakeRemote(), state_dir=tmp_path, write=False)
     assert run.directory is None and not (tmp_path / "verify").exists()
     assert run.exit_code == 0
+
+
+PEER_SPEC = """
+cluster: {name: peers, os: ubuntu-22.04}
+software: {driver: {version: "550.90.07"}, cuda: "12.4.1", nccl: "2.21.5", ofed: {flavor: mlnx_ofed, version: "23.07"}}
+profiles:
+  g: {gpu: {model: H100-SXM5-80GB, count: 2}, hcas: [{device: "mlx5_[0-1]", rate: 200, numa: 0}]}
+  svc: {hcas: [{device: mlx5_0, rate: 200, purpose: storage}]}
+nodes:
+  - {name: "n[1-3]", address: "10.0.0.[1-3]", profile: g}
+  - {name: s1, address: 10.0.0.21, profile: svc, roles: [login, nfs_server]}
+  - {name: s2, address: 10.0.0.22, profile: svc, roles: [login]}
+fabric: {type: roce, rate: 200, roce: {pfc_priority: 3, ecn: true}}
+verify: {tests: [links]}
+"""
+
+
+class FirmwareRemote(FakeRemote):
+    """Each node's HCAs report the firmware given for it (else the capture's 28.39.1002)."""
+
+    def __init__(self, firmware: Mapping[str, str]) -> None:
+        super().__init__()
+        self.firmware = firmware
+
+    def _answer(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None) -> Completed:
+        done = super()._answer(host, argv, env)
+        if host in self.firmware and done.stdout.startswith(IBSTAT[:20]):
+            return done._replace(stdout=done.stdout.replace("28.39.1002", self.firmware[host]))
+        return done
+
+
+def test_versions_drift_only_between_peers_of_one_profile_and_roles(tmp_path: Path) -> None:
+    """s2 (login) is no peer of s1 (login + nfs_server) nor of the GPU nodes: its firmware and its lack of a
+    GPU driver are not drift. n3's firmware differs from n1's and n2's (same profile, same roles): drift."""
+    res = load_text(PEER_SPEC, "cluster.yaml")
+    assert res.cluster is not None, [d.format() for d in res.diagnostics]
+    remote = FirmwareRemote({"s2": "28.40.1000", "n3": "28.41.2000"})
+    run = verify(res.cluster, tests=["versions"], remote=remote, state_dir=tmp_path)  # type: ignore[arg-type]
+    drift = [(f.node, f.device, f.observed) for f in run.report.findings() if f.check == "versions"]
+    assert drift == [("n3", "mlx5_0", "28.41.2000"), ("n3", "mlx5_1", "28.41.2000")], drift
+    data = json.loads((run.directory / "report.json").read_text())  # type: ignore[operator]
+    mismatched = {(m["node"], m["component"]) for m in data["version_mismatches"]}
+    assert mismatched == {("n3", "firmware mlx5_0"), ("n3", "firmware mlx5_1")}, mismatched
