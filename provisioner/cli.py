@@ -358,6 +358,9 @@ def verify_cmd(
     else:
         for f in run.report.findings():
             out.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+        for c in run.report.checks:
+            if not c.ran:  # a node that could not be reached is one line: its ssh result, with the reason
+                out.print(f"NOT RUN {c.name} {c.node or 'cluster'}: {c.error}", markup=False)
         out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
     raise typer.Exit(run.exit_code)
 

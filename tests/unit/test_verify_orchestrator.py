@@ -10,7 +10,7 @@ from xml.etree import ElementTree as ET
 
 import pytest
 
-from provisioner.errors import UsageError
+from provisioner.errors import RemoteError, UsageError
 from provisioner.remote import RC_UNREACHABLE, Completed
 from provisioner.spec import Cluster, load_text
 from provisioner.verify import run_verify, select_tests, verify
@@ -46,17 +46,30 @@ class _Done:
 
 
 class FakeRemote:
-    """Implements provisioner.remote.Remote; answers each command with a captured real output."""
+    """Implements provisioner.remote.Remote; answers each command with a captured real output.
 
-    def __init__(self, slow: set[str] = frozenset(), dead: set[str] = frozenset()) -> None:  # type: ignore[assignment]
-        self.slow, self.dead = slow, dead
+    A ``dead`` node fails as SshRemote fails on a node it cannot reach: ``run``/``start`` raise RemoteError,
+    ``run_many`` gives rc 255 with the reason. ``dies_at`` = {node: tool}: the node stops answering from the
+    first time that tool is started on it (reachable before).
+    """
+
+    def __init__(self, slow: set[str] = frozenset(), dead: Mapping[str, str] | set[str] = frozenset(),  # type: ignore[assignment]
+                 dies_at: Mapping[str, str] | None = None) -> None:
+        self.slow = slow
+        self.dead = dict(dead) if isinstance(dead, Mapping) else {h: f"{h}: cannot connect: timed out" for h in dead}
+        self.dies_at = dict(dies_at or {})
         self.calls: list[tuple[str, tuple[str, ...], dict[str, str]]] = []
         self.servers: list[_Done] = []
 
+    def _check_alive(self, host: str, argv: Sequence[str]) -> None:
+        if self.dies_at.get(host) == argv[0]:
+            self.dead[host] = f"{host} (10.0.0.{host[1:]}:22): cannot connect: [Errno 111] Connection refused"
+        if host in self.dead:
+            raise RemoteError(self.dead[host])
+
     def _answer(self, host: str, argv: Sequence[str], env: Mapping[str, str] | None) -> Completed:
         self.calls.append((host, tuple(argv), dict(env or {})))
-        if host in self.dead:
-            return Completed(RC_UNREACHABLE, "", f"{host}: cannot connect: timed out")
+        self._check_alive(host, argv)
         tool = argv[0]
         if tool == "ibstat" or argv[-1].startswith("ibstat;"):  # links probe: ibstat (+ ibstatus, counters)
             return Completed(0, IBSTAT, "")
@@ -82,13 +95,20 @@ class FakeRemote:
 
     def start(self, host: str, argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> _Done:
         self.calls.append((host, tuple(argv), dict(env or {})))
+        self._check_alive(host, argv)
         bg = _Done(Completed(0, "", ""))
         self.servers.append(bg)
         return bg
 
     def run_many(self, commands: Mapping[str, Sequence[str]], timeout: float,
                  env: Mapping[str, str] | None = None) -> dict[str, Completed]:
-        return {h: self._answer(h, a, env) for h, a in sorted(commands.items())}
+        out = {}
+        for h, a in sorted(commands.items()):
+            try:
+                out[h] = self._answer(h, a, env)
+            except RemoteError as exc:
+                out[h] = Completed(RC_UNREACHABLE, "", str(exc))
+        return out
 
 
 def cluster() -> Cluster:
@@ -134,8 +154,58 @@ def test_slow_node_fails_with_the_node_named(tmp_path: Path) -> None:
 def test_unreachable_node_is_could_not_run_not_a_crash(tmp_path: Path) -> None:
     report = run_verify(cluster(), tests=["links"], remote=FakeRemote(dead={"n2"}), state_dir=tmp_path)
     cnr = [c for c in report.checks if not c.ran]
-    assert [(c.name, c.node) for c in cnr] == [("links", "n2")]
+    assert [(c.name, c.node, c.error) for c in cnr] == [("ssh", "n2", "n2: cannot connect: timed out")]
     assert report.verdict.exit_code == 2 and report.verdict.label == "INCOMPLETE"
+
+
+HOST_KEY_CHANGED = ("n2 (10.0.0.2): host key CHANGED: offered ssh-ed25519 SHA256:KNZ4wZ0nC3eUj1Vf3m6CkTjQ9JbqvYhWm2bx"
+                    "d0yFq9s, known_hosts has SHA256:3oNn0v0gk3p6GmZ5vY2kqkQ0bY5lq7Zl1wq3tqkq9aA; refusing to connect "
+                    "(if the node was reinstalled or swapped, confirm the new fingerprint on its console)")
+
+
+def _mentions(report: object, node: str) -> list[str]:
+    """Every finding (any severity) that names ``node`` as where it is or as the peer."""
+    return [f"{f.check} {f.location()}: {f.message}" for f in report.findings()  # type: ignore[attr-defined]
+            if node in (f.node, f.peer) or node in f.message]
+
+
+def test_node_with_a_changed_host_key_is_one_could_not_run_and_no_port_is_blamed(tmp_path: Path) -> None:
+    """n2 refuses us (its host key changed): one "could not run" with the reason; its pairs are skipped, not
+    failed; the other nodes are measured among themselves and pass; nobody's port is localised as bad."""
+    remote = FakeRemote(dead={"n2": HOST_KEY_CHANGED})
+    run = verify(cluster(), tests=["links", "versions", "bandwidth", "nccl"], remote=remote, state_dir=tmp_path,
+                 server_grace_s=0)
+    report = run.report
+    cnr = [(c.name, c.node, c.error) for c in report.checks if not c.ran]
+    assert cnr == [("ssh", "n2", HOST_KEY_CHANGED)], cnr
+    assert _mentions(report, "n2") == []
+    assert [f for f in report.findings() if f.severity != "info"] == []
+    skipped = {(c.name, c.node): c.skipped or "" for c in report.checks if c.skipped is not None}
+    assert set(skipped) == {("bandwidth", "n2"), ("nccl", "n2")}, skipped
+    assert all("n2 could not be reached" in why and "host key" not in why for why in skipped.values()), skipped
+    bw = next(c for c in report.checks if c.name == "bandwidth" and c.node is None)
+    assert bw.passed and bw.measurements["pairs_tested"] == 4  # n1,n3,n4: round 1 + the odd node out, 2 rails
+    assert all("n2" not in pair for m in report.bandwidth.values() for pair in m)
+    nccl_call = next(c for c in remote.calls if c[1][0] == "all_reduce_perf")
+    assert nccl_call[2]["NCCL_TESTS_HOSTS"] == "n1,n3,n4"
+    assert sum(1 for c in remote.calls if c[0] == "n2") == 1  # asked once, then left alone
+    assert report.verdict.exit_code == 2 and report.verdict.label == "INCOMPLETE"
+
+
+def test_node_lost_during_bandwidth_is_dropped_and_the_rest_measured_again(tmp_path: Path) -> None:
+    """n3 answered the first probes, then refuses connections when its first ib_write_bw starts: its pairs'
+    failures are not evidence against anyone's port; bandwidth is measured again without it."""
+    remote = FakeRemote(dies_at={"n3": "ib_write_bw"})
+    report = run_verify(cluster(), tests=["links", "bandwidth"], remote=remote, state_dir=tmp_path, server_grace_s=0)
+    cnr = [(c.name, c.node) for c in report.checks if not c.ran]
+    assert cnr == [("ssh", "n3")], cnr
+    assert "Connection refused" in (next(c for c in report.checks if not c.ran).error or "")
+    assert _mentions(report, "n3") == []
+    assert [f for f in report.findings() if f.severity != "info"] == []
+    assert {(c.name, c.node) for c in report.checks if c.skipped is not None} == {("bandwidth", "n3")}
+    bw = next(c for c in report.checks if c.name == "bandwidth" and c.node is None)
+    assert bw.passed and all("n3" not in pair for m in report.bandwidth.values() for pair in m)
+    assert report.verdict.exit_code == 2
 
 
 def test_only_selects_tests_and_rejects_unknown() -> None:
