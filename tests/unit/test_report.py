@@ -385,3 +385,13 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     subprocess.run([*base, f"--screenshot={shot}", LAPTOP, page.as_uri()], capture_output=True, timeout=120,
                    check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_browser_tests_fail_rather_than_skip_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.CHROMIUM", None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="chromium is missing in CI"):
+        _chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
+        _chromium()
