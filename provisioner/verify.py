@@ -264,17 +264,18 @@ class _Verifier:
         settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
         out = self._without_lost("bandwidth", lambda c: bandwidth.check_bandwidth(
             c, bandwidth.ssh_runner(self.remote, c, numactl, settings), mode=mode))
-        self.checks.append(out.result)
-        self.checks += reach.skipped(bandwidth.CHECK, [n.name for n in bandwidth.bandwidth_nodes(self.cluster)],
-                                     self.lost)
+        every = [n.name for n in bandwidth.bandwidth_nodes(self.cluster)]
+        self.checks.append(reach.unless_lost(out.result, every, self.lost))
+        self.checks += reach.skipped(bandwidth.CHECK, every, self.lost)
         self.matrix = out.matrix
         self.line_rate = out.line_rate
         self.notes += out.notes
 
     def gpudirect(self, numactl: Mapping[str, bool], mode: str | None) -> None:
-        self.checks += self._without_lost("gpudirect", lambda c: self._gpudirect(c, numactl, mode))
-        self.checks += reach.skipped(gpudirect.BW_CHECK, [n.name for n in gpudirect.gpu_nodes(self.cluster)],
-                                     self.lost)
+        every = [n.name for n in gpudirect.gpu_nodes(self.cluster)]
+        results = self._without_lost("gpudirect", lambda c: self._gpudirect(c, numactl, mode))
+        self.checks += [reach.unless_lost(r, every, self.lost) for r in results]
+        self.checks += reach.skipped(gpudirect.BW_CHECK, every, self.lost)
 
     def _gpudirect(self, cluster: Cluster, numactl: Mapping[str, bool], mode: str | None) -> list[CheckResult]:
         nodes = [n.name for n in gpudirect.gpu_nodes(cluster)]
@@ -292,7 +293,9 @@ class _Verifier:
         cluster = self.reachable()
         gpu_nodes = [n for n in every if n not in self.lost]
         if not gpu_nodes:
-            self.checks.append(CheckResult.could_not_run(nccl.CHECK, None, "no GPU compute nodes"))
+            self.checks.append(reach.unless_lost(CheckResult.could_not_run(nccl.CHECK, None, "no GPU compute nodes"),
+                                                 every, self.lost))
+            self.checks += reach.skipped(nccl.CHECK, every, self.lost)
             return
         probe = self.remote.run_many({gpu_nodes[0]: ["sh", "-c", "command -v mpirun"]}, timeout=PROBE_TIMEOUT_S)
         has_mpirun = probe[gpu_nodes[0]].rc == 0 and bool(probe[gpu_nodes[0]].stdout.strip())
@@ -303,7 +306,7 @@ class _Verifier:
         result = nccl.check_nccl(cluster, runner, mpirun=has_mpirun, as_root=self.cluster.spec.ssh.user == "root")
         busbw = result.measurements.get("busbw_gbps")
         self.nccl_busbw = float(busbw) if isinstance(busbw, int | float) else None
-        self.checks.append(result)
+        self.checks.append(reach.unless_lost(result, every, self.lost))
         self.checks += reach.skipped(nccl.CHECK, every, self.lost)
 
     def cabling(self) -> None:

@@ -93,6 +93,17 @@ def skipped(check: str, nodes: Iterable[str], lost: Mapping[str, str]) -> list[C
             for n in sorted(set(nodes)) if n in lost]
 
 
+def unless_lost(result: CheckResult, needed: Iterable[str], lost: Mapping[str, str]) -> CheckResult:
+    """A cluster-wide "could not run" that only the lost nodes caused (fewer than two of ``needed`` left)
+    becomes skipped: the cause is reported once already, by the lost nodes' ``ssh`` results."""
+    wanted = sorted(set(needed))
+    left = [n for n in wanted if n not in lost]
+    if result.ran or result.node is not None or len(wanted) < 2 or len(left) >= 2:
+        return result
+    return CheckResult.skip(result.name, None, f"{result.error}: {len(wanted) - len(left)} of {len(wanted)} nodes "
+                                               f"could not be reached (see the {CHECK} results)")
+
+
 def settle(checks: Iterable[CheckResult], lost: Mapping[str, str]) -> list[CheckResult]:
     """The run's results with each lost node reported once: its ``ssh`` result first, then the rest minus
     the "could not run" results on lost nodes (each would repeat the same cause)."""

@@ -263,3 +263,17 @@ def test_versions_drift_only_between_peers_of_one_profile_and_roles(tmp_path: Pa
     data = json.loads((run.directory / "report.json").read_text())  # type: ignore[operator]
     mismatched = {(m["node"], m["component"]) for m in data["version_mismatches"]}
     assert mismatched == {("n3", "firmware mlx5_0"), ("n3", "firmware mlx5_1")}, mismatched
+
+
+def test_too_few_reachable_nodes_is_the_lost_nodes_cause_not_another(tmp_path: Path) -> None:
+    """Three of four nodes cannot be reached: bandwidth and NCCL have no pair left. That is the same cause as
+    the three ssh results, so they are skipped (with the count), not a could-not-run of their own."""
+    remote = FakeRemote(dead={"n2", "n3", "n4"})
+    report = run_verify(cluster(), tests=["links", "bandwidth", "nccl"], remote=remote, state_dir=tmp_path)
+    assert [(c.name, c.node) for c in report.checks if not c.ran] == [("ssh", "n2"), ("ssh", "n3"), ("ssh", "n4")]
+    cluster_wide = {c.name: c.skipped for c in report.checks if c.node is None and c.skipped is not None}
+    assert cluster_wide == {
+        "bandwidth": "needs two compute nodes with rails, found 1: 3 of 4 nodes could not be reached (see the ssh "
+                     "results)",
+        "nccl": "needs two GPU compute nodes, found 1: 3 of 4 nodes could not be reached (see the ssh results)"}
+    assert report.verdict.exit_code == 2
