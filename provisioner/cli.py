@@ -340,6 +340,7 @@ def verify_cmd(
     """
     from provisioner.errors import UsageError
     from provisioner.report import to_html, to_json, to_junit
+    from provisioner.spec import hostlist
     from provisioner.verify import verify
 
     if mode not in (None, "quick", "full"):
@@ -358,6 +359,12 @@ def verify_cmd(
     else:
         for f in run.report.findings():
             out.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+        not_run: dict[tuple[str, str], list[str]] = {}  # one line per cause: the nodes that share it folded
+        for c in run.report.checks:
+            if not c.ran:
+                not_run.setdefault((c.name, c.error or ""), []).append(c.node or "cluster")
+        for (name, why), nodes in not_run.items():
+            out.print(f"NOT RUN {name} {hostlist.compress(nodes)}: {why}", markup=False)
         out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
     raise typer.Exit(run.exit_code)
 

@@ -3,8 +3,9 @@
 Data flows one way: spec → remote probes → parsers → checks (pure functions) → findings → report files.
 Every check is a pure function of parsed tool output and the :class:`Cluster`; this module only decides
 what to run where, in parallel, and turns "could not run" into results of its own (a dead node is news, not
-a crash). Exit codes come from :class:`provisioner.fabric.findings.Verdict`: 0 pass, 1 findings, 2 could not
-run.
+a crash). A node that cannot be reached is reported once and kept out of every check, its pairs skipped
+(:mod:`provisioner.fabric.reach`): it is never measured, so it is never localised as bad ports. Exit codes
+come from :class:`provisioner.fabric.findings.Verdict`: 0 pass, 1 findings, 2 could not run.
 
 Output directory: ``<state>/verify/<UTC timestamp>/`` (``report.json``, ``junit.xml``, ``report.html``,
 ``inventory.json``), a ``latest`` symlink to it, and ``<state>/verify/baseline.json`` (the first passing
@@ -20,10 +21,11 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from provisioner.drift import peer_groups
 from provisioner.errors import ParseError, UsageError
-from provisioner.fabric import bandwidth, baseline, cabling, gpudirect, links, nccl, sm_verify, storage, versions
+from provisioner.fabric import bandwidth, baseline, cabling, gpudirect, links, nccl, reach, sm_verify, storage, versions
 from provisioner.fabric.findings import CheckResult, Finding, Value
 from provisioner.fabric.nhc import export_nhc
 from provisioner.fabric.perftest import PerftestSettings
@@ -40,6 +42,7 @@ PROBE_TIMEOUT_S = 30.0
 NCCL_TIMEOUT_S = 900.0
 
 Progress = Callable[[str], None]
+_T = TypeVar("_T")
 
 
 def _quiet(_: str) -> None:
@@ -93,7 +96,7 @@ class _Verifier:
 
     def __init__(self, cluster: Cluster, remote: Remote, progress: Progress, grace_s: float) -> None:
         self.cluster = cluster
-        self.remote = remote
+        self.remote = reach.ReachableRemote(remote)
         self.progress = progress
         self.grace_s = grace_s
         self.checks: list[CheckResult] = []
@@ -109,9 +112,24 @@ class _Verifier:
         self._links_at: dict[str, int] = {}
         """node -> index in ``checks`` of its links result (rebuilt when the counters are re-read)."""
 
+    @property
+    def lost(self) -> dict[str, str]:
+        """Nodes that could not be reached, with the reason (reported once, at the end)."""
+        return self.remote.lost
+
+    def reachable(self) -> Cluster:
+        """The cluster without the lost nodes: what the pairwise checks run over."""
+        return reach.reachable(self.cluster, self.lost)
+
     def on_all(self, argv: Sequence[str], nodes: Sequence[str] | None = None) -> dict[str, Completed]:
+        """``argv`` on every node that can be reached (or on those of ``nodes``); lost nodes are left out."""
         names = list(nodes) if nodes is not None else [n.name for n in self.cluster.nodes]
-        return self.remote.run_many({n: list(argv) for n in names}, timeout=PROBE_TIMEOUT_S)
+        live = [n for n in names if n not in self.lost]
+        return self.remote.run_many({n: list(argv) for n in live}, timeout=PROBE_TIMEOUT_S) if live else {}
+
+    def reach(self) -> None:
+        """``true`` on every node: the ones that cannot be reached are lost before any check runs."""
+        self.remote.probe([n.name for n in self.cluster.nodes], timeout=PROBE_TIMEOUT_S)
 
     # -- links, versions -------------------------------------------------------------------------------
     def ibstat(self) -> dict[str, dict[str, Any]]:
@@ -154,12 +172,13 @@ class _Verifier:
         Only nodes whose counters could be read at the start are asked again (one more round trip); a node
         that does not answer now keeps its start-of-run result and gets a note.
         """
-        nodes = [n for n in self.cluster.nodes if n.name in self._links_at and self._counters.get(n.name)]
+        nodes = [n for n in self.cluster.nodes if n.name in self._links_at and self._counters.get(n.name)
+                 and n.name not in self.lost]
         if not nodes:
             return
         done = self.on_all(["sh", "-c", links.COUNTERS_SCRIPT], [n.name for n in nodes])
         for node in nodes:
-            after = links.parse_counters(done[node.name].stdout)
+            after = links.parse_counters(done[node.name].stdout) if node.name in done else {}
             if not after:
                 self.notes.append(f"links: port counters of {node.name} could not be re-read at the end of the run")
                 continue
@@ -168,7 +187,8 @@ class _Verifier:
     def versions_check(self) -> None:
         observed: dict[str, dict[str, str | None]] = {}
         unreachable: set[str] = set()
-        comps_by_node = {n.name: versions.components_for(self.cluster, bool(n.gpu_count)) for n in self.cluster.nodes}
+        comps_by_node = {n.name: versions.components_for(self.cluster, bool(n.gpu_count)) for n in self.cluster.nodes
+                         if n.name not in self.lost}
         for comp, argv in versions.PROBES.items():
             nodes = [n for n, comps in comps_by_node.items() if comp in comps]
             for node, done in self.on_all(argv, nodes).items():
@@ -177,7 +197,8 @@ class _Verifier:
                     continue
                 observed.setdefault(node, {})[comp] = versions.read_version(comp, done.stdout) if done.rc == 0 else None
         fw = {n: links.firmware(obs) for n, obs in self.ibstat().items()}
-        found = versions.version_findings(self.cluster, observed) + versions.firmware_findings(fw)
+        groups = peer_groups(self.cluster)
+        found = versions.version_findings(self.cluster, observed, groups) + versions.firmware_findings(fw, groups)
         for node in sorted(comps_by_node):
             if node in unreachable:
                 self.checks.append(CheckResult.could_not_run(versions.CHECK, node, "unreachable"))
@@ -227,31 +248,54 @@ class _Verifier:
         done = self.on_all(["sh", "-c", "command -v numactl"])
         return {n: d.rc == 0 and bool(d.stdout.strip()) for n, d in done.items()}
 
+    def _without_lost(self, what: str, check: Callable[[Cluster], _T]) -> _T:
+        """``check`` over the reachable nodes; again without any node it lost on the way (its pairs' failures
+        would otherwise be pinned on its ports and on its peers')."""
+        while True:
+            before = set(self.lost)
+            out = check(self.reachable())
+            if set(self.lost) == before:
+                return out
+            gone = ", ".join(sorted(set(self.lost) - before))
+            self.progress(f"{what}: {gone} stopped answering; measuring again without it")
+
     def bandwidth(self, numactl: Mapping[str, bool], mode: str | None) -> None:
         cfg = self.cluster.spec.verify.bandwidth
         settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
-        out = bandwidth.check_bandwidth(
-            self.cluster, bandwidth.ssh_runner(self.remote, self.cluster, numactl, settings), mode=mode)
-        self.checks.append(out.result)
+        out = self._without_lost("bandwidth", lambda c: bandwidth.check_bandwidth(
+            c, bandwidth.ssh_runner(self.remote, c, numactl, settings), mode=mode))
+        every = [n.name for n in bandwidth.bandwidth_nodes(self.cluster)]
+        self.checks.append(reach.unless_lost(out.result, every, self.lost))
+        self.checks += reach.skipped(bandwidth.CHECK, every, self.lost)
         self.matrix = out.matrix
         self.line_rate = out.line_rate
         self.notes += out.notes
 
     def gpudirect(self, numactl: Mapping[str, bool], mode: str | None) -> None:
-        nodes = [n.name for n in gpudirect.gpu_nodes(self.cluster)]
+        every = [n.name for n in gpudirect.gpu_nodes(self.cluster)]
+        results = self._without_lost("gpudirect", lambda c: self._gpudirect(c, numactl, mode))
+        self.checks += [reach.unless_lost(r, every, self.lost) for r in results]
+        self.checks += reach.skipped(gpudirect.BW_CHECK, every, self.lost)
+
+    def _gpudirect(self, cluster: Cluster, numactl: Mapping[str, bool], mode: str | None) -> list[CheckResult]:
+        nodes = [n.name for n in gpudirect.gpu_nodes(cluster)]
         lsmod = {n: _parsed("lsmod", d)[0] for n, d in self.on_all(["lsmod"], nodes).items()}
         smi = self.on_all(["nvidia-smi", "topo", "-m"], nodes)
         topo = {n: _parsed("nvidia-smi-topo", d)[0] for n, d in smi.items()}
-        cfg = self.cluster.spec.verify.bandwidth
+        cfg = cluster.spec.verify.bandwidth
         settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
-        runner = bandwidth.ssh_runner(self.remote, self.cluster, numactl, settings, use_cuda=True,
-                                      cuda_gpu=gpudirect.nic_gpus(self.cluster, topo))
-        self.checks += gpudirect.check_gpudirect(self.cluster, lsmod, topo, runner, mode)
+        runner = bandwidth.ssh_runner(self.remote, cluster, numactl, settings, use_cuda=True,
+                                      cuda_gpu=gpudirect.nic_gpus(cluster, topo))
+        return gpudirect.check_gpudirect(cluster, lsmod, topo, runner, mode)
 
     def nccl(self) -> None:
-        gpu_nodes = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
+        every = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
+        cluster = self.reachable()
+        gpu_nodes = [n for n in every if n not in self.lost]
         if not gpu_nodes:
-            self.checks.append(CheckResult.could_not_run(nccl.CHECK, None, "no GPU compute nodes"))
+            self.checks.append(reach.unless_lost(CheckResult.could_not_run(nccl.CHECK, None, "no GPU compute nodes"),
+                                                 every, self.lost))
+            self.checks += reach.skipped(nccl.CHECK, every, self.lost)
             return
         probe = self.remote.run_many({gpu_nodes[0]: ["sh", "-c", "command -v mpirun"]}, timeout=PROBE_TIMEOUT_S)
         has_mpirun = probe[gpu_nodes[0]].rc == 0 and bool(probe[gpu_nodes[0]].stdout.strip())
@@ -259,11 +303,11 @@ class _Verifier:
         def runner(hosts: Sequence[str], argv: Sequence[str], env: dict[str, str]) -> Completed:
             return self.remote.run_many({hosts[0]: list(argv)}, timeout=NCCL_TIMEOUT_S, env=env)[hosts[0]]
 
-        result = nccl.check_nccl(self.cluster, runner, mpirun=has_mpirun,
-                                 as_root=self.cluster.spec.ssh.user == "root")
+        result = nccl.check_nccl(cluster, runner, mpirun=has_mpirun, as_root=self.cluster.spec.ssh.user == "root")
         busbw = result.measurements.get("busbw_gbps")
         self.nccl_busbw = float(busbw) if isinstance(busbw, int | float) else None
-        self.checks.append(result)
+        self.checks.append(reach.unless_lost(result, every, self.lost))
+        self.checks += reach.skipped(nccl.CHECK, every, self.lost)
 
     def cabling(self) -> None:
         if not self.cluster.cables:
@@ -272,7 +316,7 @@ class _Verifier:
         sm = self.cluster.spec.fabric.subnet_manager
         order = [s.node for s in (sm.nodes if sm else [])] + sorted(n.name for n in self.cluster.nodes)
         reasons = []
-        for host in dict.fromkeys(order):  # first node that answers
+        for host in (h for h in dict.fromkeys(order) if h not in self.lost):  # first node that answers
             done = self.remote.run_many({host: ["iblinkinfo"]}, timeout=120)[host]
             parsed, why = _parsed("iblinkinfo", done)
             if parsed is not None:
@@ -327,6 +371,9 @@ def verify(
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
     v = _Verifier(cluster, rem, progress, server_grace_s)
     try:
+        if set(chosen) - {"sm", "cabling"}:  # those two ask one node that answers; the rest ask every node
+            progress("ssh: every node answers (a node that does not is reported once and left out)")
+            v.reach()
         if "links" in chosen:
             progress("links: ibstat on every node")
             v.links()
@@ -364,11 +411,13 @@ def verify(
     base_path = root / "baseline.json"
     size = cluster.spec.verify.bandwidth.message_size
     drift = baseline.compare(baseline.load(base_path), v.matrix, size, v.nccl_busbw)
-    checks = [*v.checks]
+    checks = reach.settle(v.checks, v.lost)
     if v.matrix or v.nccl_busbw is not None:
         checks.append(CheckResult.from_findings(baseline.CHECK, None, drift))
+    peers = {node: group for group, nodes in peer_groups(cluster).items() for node in nodes}
     report = VerifyReport(cluster=cluster.name, started=started, finished=finished, checks=tuple(checks),
-                          bandwidth=v.matrix, line_rate=v.line_rate, versions=v.versions, notes=tuple(v.notes))
+                          bandwidth=v.matrix, line_rate=v.line_rate, versions=v.versions, notes=tuple(v.notes),
+                          peers=peers)
     directory = None
     if write:
         directory = root / stamp

@@ -102,10 +102,12 @@ def components_for(cluster: Cluster, node_has_gpu: bool) -> list[str]:
     return comps
 
 
-def version_findings(cluster: Cluster, observed: Mapping[str, Mapping[str, str | None]]) -> list[Finding]:
-    """Pinned components that differ from the pin (error) or are missing (error), then drift across nodes.
+def version_findings(cluster: Cluster, observed: Mapping[str, Mapping[str, str | None]],
+                     groups: Mapping[str, Iterable[str]] | None = None) -> list[Finding]:
+    """Pinned components that differ from the pin (error) or are missing (error), then drift between peers.
 
-    ``observed`` is ``{node: {component: version or None}}`` for the components each node was probed for.
+    ``observed`` is ``{node: {component: version or None}}`` for the components each node was probed for;
+    ``groups`` are the peer groups (:func:`provisioner.drift.peer_groups`: one profile and the same roles).
     """
     pinned = pins(cluster)
     found: list[Finding] = []
@@ -123,41 +125,49 @@ def version_findings(cluster: Cluster, observed: Mapping[str, Mapping[str, str |
                                      f"{comp} is {got} on {node}, the spec pins {want}",
                                      "converge the node again; a held or manually installed package wins "
                                      "otherwise (apt-mark showhold)"))
-    # Unpinned components (e.g. the OFED build under DOCA) must still agree across nodes.
-    found += drift_findings(observed, skip=set(pinned), check=CHECK, what="version")
+    # Unpinned components (e.g. the OFED build under DOCA) must still agree between peers.
+    found += drift_findings(observed, skip=set(pinned), check=CHECK, what="version", groups=groups)
     return found
 
 
 def drift_findings(
     observed: Mapping[str, Mapping[str, str | None]], *, skip: Iterable[str] = (), check: str, what: str,
-    as_device: bool = False,
+    as_device: bool = False, groups: Mapping[str, Iterable[str]] | None = None,
 ) -> list[Finding]:
-    """Nodes whose value of a component differs from the majority's (the odd one out after a swap)."""
+    """Nodes whose value of a component differs from the majority of their peers (the odd one out after a swap).
+
+    Only peers are compared: the nodes of one group of ``groups`` (one hardware profile and the same roles), so
+    a login node is not drift from an NFS server of the same profile. Without ``groups`` all nodes are peers.
+    """
     skipped = set(skip)
-    counts: dict[str, Counter[str]] = {}
-    for comps in observed.values():
-        for comp, ver in comps.items():
-            if ver is not None and comp not in skipped:
-                counts.setdefault(comp, Counter())[ver] += 1
+    parts = {k: list(v) for k, v in groups.items()} if groups is not None else {"the other nodes": list(observed)}
     found: list[Finding] = []
-    for comp, counter in sorted(counts.items()):
-        if len(counter) < 2:
-            continue
-        majority = max(counter.items(), key=lambda kv: (kv[1], kv[0]))[0]
-        for node in sorted(observed):
-            got = observed[node].get(comp)
-            if got is not None and got != majority:
-                found.append(Finding(check, "warning", node, comp if as_device else None, None, majority, got,
-                                     f"{comp} {what} on {node} is {got}; {counter[majority]} other node(s) run "
-                                     f"{majority}",
-                                     "align it with the fleet (mlxfw/mlxfwmanager for HCA firmware)"))
-    return found
+    for label, members in sorted(parts.items()):
+        peers = sorted(n for n in members if n in observed)
+        counts: dict[str, Counter[str]] = {}
+        for node in peers:
+            for comp, ver in observed[node].items():
+                if ver is not None and comp not in skipped:
+                    counts.setdefault(comp, Counter())[ver] += 1
+        for comp, counter in sorted(counts.items()):
+            if len(counter) < 2:
+                continue
+            majority = max(counter.items(), key=lambda kv: (kv[1], kv[0]))[0]
+            for node in peers:
+                got = observed[node].get(comp)
+                if got is not None and got != majority:
+                    found.append(Finding(check, "warning", node, comp if as_device else None, None, majority, got,
+                                         f"{comp} {what} on {node} is {got}; {counter[majority]} of its peers "
+                                         f"({label}) run {majority}",
+                                         "align it with its peers (mlxfw/mlxfwmanager for HCA firmware)"))
+    return sorted(found, key=lambda f: (f.device or "", f.node or ""))
 
 
-def firmware_findings(firmware: Mapping[str, Mapping[str, str]]) -> list[Finding]:
-    """HCA firmware that differs across nodes (warning), per device position: ``{node: {device: fw}}``.
+def firmware_findings(firmware: Mapping[str, Mapping[str, str]],
+                      groups: Mapping[str, Iterable[str]] | None = None) -> list[Finding]:
+    """HCA firmware that differs between peers (warning), per device position: ``{node: {device: fw}}``.
 
     Devices of different models legitimately differ, so the comparison is per device name (mlx5_0 with
-    mlx5_0), which on identical nodes is the same model.
+    mlx5_0) between nodes of one profile, which is the same model.
     """
-    return drift_findings(firmware, check=CHECK, what="firmware", as_device=True)
+    return drift_findings(firmware, check=CHECK, what="firmware", as_device=True, groups=groups)

@@ -29,9 +29,11 @@ def report_dict(report: VerifyReport) -> dict[str, object]:
         "versions": {n: dict(sorted(report.versions[n].items())) for n in sorted(report.versions)},
         "version_mismatches": [
             {"node": n, "component": c, "observed": got, "expected": want}
-            for n, c, got, want in version_mismatches(report.versions)
+            for n, c, got, want in version_mismatches(report.versions, report.peers)
         ],
         "notes": list(report.notes),
+        "peer_groups": {g: sorted(n for n, p in report.peers.items() if p == g)
+                        for g in sorted(set(report.peers.values()))},
     }
 
 

@@ -24,7 +24,8 @@ class VerifyReport:
     """Everything one ``provision verify`` run produced.
 
     ``line_rate`` is the expected per-port rate per rail (Gb/s) from the spec; bandwidth figures are shown as
-    a fraction of it. ``versions`` is ``{node: {component: version}}`` as observed on each node.
+    a fraction of it. ``versions`` is ``{node: {component: version}}`` as observed on each node. ``peers`` names
+    each node's peer group (one profile and the same roles): versions are compared within a group only.
     """
 
     cluster: str
@@ -35,6 +36,7 @@ class VerifyReport:
     line_rate: Mapping[int, float] = field(default_factory=dict)
     versions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
+    peers: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def verdict(self) -> Verdict:
@@ -73,11 +75,21 @@ def fraction(gbps: float, line_rate: float | None) -> float | None:
     return gbps / line_rate
 
 
+def peer_versions(versions: Mapping[str, Mapping[str, str]],
+                  peers: Mapping[str, str] | None = None) -> dict[str, dict[str, Mapping[str, str]]]:
+    """``versions`` split by peer group (``peers``: node → group); without ``peers`` one group of every node."""
+    out: dict[str, dict[str, Mapping[str, str]]] = {}
+    for node in sorted(versions):
+        group = (peers or {}).get(node, "all nodes")
+        out.setdefault(group, {})[node] = versions[node]
+    return dict(sorted(out.items()))
+
+
 def expected_versions(versions: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
     """The most common version of each component across nodes (ties: the lexically greatest version).
 
     The spec pins versions too, but this table is about drift between nodes: the odd one out is what an
-    operator looks for after a node swap.
+    operator looks for after a node swap. Pass the nodes of one peer group (:func:`peer_versions`).
     """
     counts: dict[str, Counter[str]] = {}
     for comps in versions.values():
@@ -86,13 +98,15 @@ def expected_versions(versions: Mapping[str, Mapping[str, str]]) -> dict[str, st
     return {comp: max(c.items(), key=lambda kv: (kv[1], kv[0]))[0] for comp, c in sorted(counts.items())}
 
 
-def version_mismatches(versions: Mapping[str, Mapping[str, str]]) -> list[tuple[str, str, str | None, str]]:
-    """``(node, component, observed or None if missing, expected)`` for every cell that differs."""
-    expected = expected_versions(versions)
+def version_mismatches(versions: Mapping[str, Mapping[str, str]], peers: Mapping[str, str] | None = None,
+                       ) -> list[tuple[str, str, str | None, str]]:
+    """``(node, component, observed or None if missing, expected)`` for every cell that differs from its peers."""
     out: list[tuple[str, str, str | None, str]] = []
-    for node in sorted(versions):
-        for comp, want in expected.items():
-            got = versions[node].get(comp)
-            if got != want:
-                out.append((node, comp, got, want))
-    return out
+    for group in peer_versions(versions, peers).values():
+        expected = expected_versions(group)
+        for node in sorted(group):
+            for comp, want in expected.items():
+                got = group[node].get(comp)
+                if got != want:
+                    out.append((node, comp, got, want))
+    return sorted(out, key=lambda m: (m[0], m[1]))

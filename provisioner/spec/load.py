@@ -22,7 +22,7 @@ from provisioner.errors import SpecInvalid, UsageError
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.cluster import CableX, Cluster, Node, Port, SwitchX
-from provisioner.spec.diagnostics import Diagnostic, Severity
+from provisioner.spec.diagnostics import Diagnostic, Severity, fold
 from provisioner.spec.models import Spec
 from provisioner.spec.yamlload import Located, Path, load_yaml
 
@@ -402,14 +402,14 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> Lo
         _schema_diagnostics(exc, rep)
         repaired = _repair(data, exc)
         if repaired is None:
-            return LoadResult(None, sorted(set(rep.items), key=_order))
+            return LoadResult(None, _finished(rep.items))
         # The rest of the spec is still checked (references, duplicates, design rules), so one run reports
         # every problem; the cluster itself is not returned, since part of the spec was set aside.
         spec_ok, kept = repaired
         _expand_and_check(spec_ok, _RemappedReport(rep, kept), addresses)
-        return LoadResult(None, sorted(set(rep.items), key=_order))
+        return LoadResult(None, _finished(rep.items))
     cluster = _expand_and_check(spec, rep, addresses)
-    return LoadResult(cluster, sorted(set(rep.items), key=_order))
+    return LoadResult(cluster, _finished(rep.items))
 
 
 class _RemappedReport(_Report):
@@ -489,6 +489,11 @@ def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tupl
         return Spec.model_validate(doc), kept
     except ValidationError:
         return None
+
+
+def _finished(items: list[Diagnostic]) -> list[Diagnostic]:
+    """Every diagnostic once, one line per cause (a range's hosts folded), in file order."""
+    return sorted(fold(set(items)), key=_order)
 
 
 def _order(d: Diagnostic) -> tuple[int, int, str, str]:

@@ -94,3 +94,16 @@ def test_rules_lists_ids(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "rules")
     assert rc == 0
     assert "SM-PRIORITY-TIE [error]" in out and "FAT-TREE-OVERSUB [warning]" in out
+
+
+def test_verify_names_nodes_it_cannot_reach_once(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """No known_hosts file: no node is contacted (nothing to verify host keys against); each could-not-run cause
+    is one line naming the nodes as a hostlist, no check blames a port, and the exit code is 2 (could not run)."""
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(Path(H100).read_text())  # ssh.known_hosts: known_hosts, next to the spec: absent
+    rc, out, _ = run(capsys, "verify", str(spec), "--only", "links,bandwidth", "--out", str(tmp_path / "state"))
+    lines = out.strip().splitlines()
+    assert rc == 2, out
+    assert lines[0] == (f"NOT RUN ssh gpu[01-08],sm[1-2]: known_hosts file {tmp_path / 'known_hosts'} does not exist "
+                        "(create it with the nodes' verified keys (ssh.known_hosts in the spec names it))"), lines
+    assert lines[1].startswith("INCOMPLETE: ") and len(lines) == 2, lines

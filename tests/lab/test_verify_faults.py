@@ -276,13 +276,16 @@ def test_slow_rail_fails_nccl_and_the_follow_up_names_the_node(labc: Lab) -> Non
 
 
 def test_unreachable_node_is_could_not_run_not_a_hang(labc: Lab) -> None:
+    """SSH to gpu01 is down: one "could not run" for it, its bandwidth pairs skipped, gpu02-gpu03 measured."""
     inject(labc, "gpu01", "unreachable", method="pause")
     try:
-        run = verify(labc.cluster, tests=["links"], write=False)
+        run = verify(labc.cluster, tests=["links", "bandwidth"], write=False)
     finally:
         clear(labc, "gpu01", "unreachable")
-    assert [(c.name, c.node) for c in run.report.checks if not c.ran] == [("links", "gpu01")]
+    assert [(c.name, c.node) for c in run.report.checks if not c.ran] == [("ssh", "gpu01")]
     assert run.exit_code == 2 and not serious(run), show(run.report.findings())
+    assert [(c.name, c.node) for c in run.report.checks if c.skipped is not None] == [("bandwidth", "gpu01")]
+    assert {pair for rail in run.report.bandwidth.values() for pair in rail} == {("gpu02", "gpu03")}
 
 
 def _master_guid() -> str:
@@ -327,12 +330,27 @@ def test_every_fault_kind_has_a_test_here() -> None:
 
 
 def test_hardware_swap_last_changed_host_key_stops_that_node_only(labc: Lab) -> None:
-    """Runs last: a swapped board cannot be swapped back, and its new host key is never learnt silently."""
+    """Runs last: a swapped board cannot be swapped back, and its new host key is never learnt silently.
+
+    The node that refuses us is one "could not run" with the host-key reason; it is never measured, so no
+    port of it (nor of a peer) is localised as bad; its pairs are skipped with the reason, and the other two
+    GPU nodes are measured between themselves and pass.
+    """
     inject(labc, "gpu02", "hardware_swap")
     wait_for("sshd back", lambda: podman("exec", container_name(NAME, "gpu02"), "systemctl", "is-active", "ssh",
                                          check=False).stdout.strip() == "active")
-    run = verify(labc.cluster, tests=["links"], write=False)
+    run = verify(labc.cluster, tests=["links", "bandwidth", "gpudirect", "nccl"], write=False)
     not_run = [(c.name, c.node, c.error or "") for c in run.report.checks if not c.ran]
-    assert [(n, h) for n, h, _ in not_run] == [("links", "gpu02")], not_run
-    assert "host key" in not_run[0][2] and "SHA256:" in not_run[0][2], not_run
+    assert [(n, h) for n, h, _ in not_run] == [("ssh", "gpu02")], not_run
+    assert "host key CHANGED" in not_run[0][2] and "SHA256:" in not_run[0][2], not_run
     assert run.exit_code == 2 and not serious(run), show(run.report.findings())
+    blamed = [f for f in run.report.findings() if "gpu02" in (f.node, f.peer) or "gpu02" in f.message]
+    assert blamed == [], show(blamed)
+    skipped = sorted((c.name, c.node, c.skipped or "") for c in run.report.checks if c.skipped is not None)
+    assert [(n, h) for n, h, _ in skipped] == [("bandwidth", "gpu02"), ("gpudirect_bandwidth", "gpu02"),
+                                               ("nccl", "gpu02")], skipped
+    assert all("gpu02 could not be reached" in why for _, _, why in skipped), skipped
+    measured = {pair for rail in run.report.bandwidth.values() for pair in rail}
+    assert measured and all("gpu02" not in pair for pair in measured), measured
+    passed = {c.name for c in run.report.checks if c.passed and c.node is None}
+    assert {"bandwidth", "gpudirect_bandwidth", "nccl"} <= passed, passed

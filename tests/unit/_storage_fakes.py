@@ -48,6 +48,8 @@ class NoKernelNfsRemote:
         args = list(argv)
         self.calls.append((host, args))
         script = args[2] if args[0] == "sh" else ""
+        if args == ["true"]:  # verify's reachability probe
+            return Completed(0, "", "")
         if "cat /proc/mounts" in script:
             return Completed(0, self.tables.get(host, "overlay / overlay rw,relatime 0 0\n"), "")
         if "/proc/filesystems" in script:

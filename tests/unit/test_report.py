@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import html
 import json
+import os
+import re
 import shutil
 import subprocess
 import xml.etree.ElementTree as ET
@@ -10,6 +13,7 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -157,10 +161,12 @@ def test_html_heatmap_findings_and_versions() -> None:
     assert {a.get("data-low") for a in slow} == {"1"}
     assert sum(1 for a in cells if a.get("data-low")) == len(slow)
     assert all("hsl(" in (a.get("style") or "") for a in cells)
-    findings = [a for t, a in tags if t == "tr" and a.get("class") == "finding"]
+    findings = [a for t, a in tags if t == "li" and a.get("class") == "finding"]
     assert [a["data-severity"] for a in findings] == ["error", "warning"]
-    assert sum(1 for t, a in tags if t == "td" and a.get("class") == "mismatch") == 2
-    assert sum(1 for t, a in tags if t == "td" and a.get("class") == "missing") == 1
+    sections = [a["data-node"] for t, a in tags if t == "section" and a.get("class") == "node"]
+    assert sections == ["gpu03", "gpu05", "gpu01"]  # errors first, then could not run, then warnings
+    assert sum(1 for t, a in tags if t == "span" and a.get("class") == "mismatch") == 2
+    assert sum(1 for t, a in tags if t == "span" and a.get("class") == "missing") == 1
     assert 'id="heat-rail-0"' in page and 'id="heat-rail-1"' in page
 
 
@@ -205,29 +211,187 @@ CHROME_FLAGS = [
     "--disable-component-update",
     "--disable-sync",
     "--no-first-run",
+    "--hide-scrollbars",
 ]
+LAPTOP = "--window-size=1280,900"
+
+BIG_SPEC = """
+cluster: {name: h100-16, os: ubuntu-22.04}
+software: {driver: {version: "550.90.07"}, cuda: "12.4.1", nccl: "2.21.5", ofed: {flavor: doca, version: "2.9.1"}}
+repositories:
+  cuda: {url: "http://m/cuda", key: k.gpg}
+  doca: {url: "http://m/doca", key: k.gpg}
+profiles:
+  hgx: {gpu: {model: H100-SXM5-80GB, count: 8, nvswitch: true}, hcas: [{device: "mlx5_[0-7]", rate: NDR}]}
+  svc: {hcas: [{device: mlx5_0, rate: NDR}]}
+nodes:
+  - {name: "hgx-r07-[01-16]", address: "10.10.0.[11-26]", profile: hgx}
+  - {name: "sm[1-2]", address: "10.10.0.[2-3]", profile: svc, roles: [subnet_manager]}
+switches:
+  - {name: "rail[0-7]", tier: leaf, ports: 64, uplinks: 0}
+fabric:
+  rate: NDR
+  topology: {kind: rail_optimized}
+  subnet_manager: {nodes: [{node: sm1, priority: 15}, {node: sm2, priority: 14}]}
+verify: {tests: [links, bandwidth, nccl]}
+"""
+
+
+def node(i: int) -> str:
+    """The big report's node names: what a site names by rack and slot (wider than gpu05 in a table)."""
+    return f"hgx-r07-{i:02d}"
+
+
+#: What ib_write_bw prints when its out-of-band exchange fails (perftest's perftest_communication.c messages).
+PERFTEST_FAILS = ("exit 1: Unable to init the socket connection | Failed to exchange data between server and "
+                  "clients | Couldn't connect to the remote side")
+#: SshRemote's message for a changed host key (provisioner/remote.py), with its hint.
+HOST_KEY = (f"{node(16)} (10.10.0.26): host key CHANGED: offered ssh-ed25519 SHA256:JMCyKCDRbdeoLjRXNGKRyQGxJl/f0XU2"
+            "Ab3obkXXjaM, /home/ops/clusters/h100-16/known_hosts has "
+            "SHA256:3oNn0v0gk3p6GmZ5vY2kqkQ0bY5lq7Zl1wq3tqkq9aA; refusing to connect (if the node was reinstalled or "
+            "swapped, confirm the new fingerprint on its console, "
+            f"then bring it back: provision replace-node <cluster.yaml> {node(16)} --host-key-fingerprint "
+            "SHA256:JMCyKCDRbdeoLjRXNGKRyQGxJl/f0XU2Ab3obkXXjaM)")
+
+
+def build_big_report() -> VerifyReport:
+    """16 nodes x 8 rails through the real bandwidth check: node 9's perftest fails on every rail with one long
+    reason, node 5 rail 3 is slow, node 12 has a 2X link, node 3's counters warn, node 16 refused us (host key)."""
+    from provisioner.drift import peer_groups
+    from provisioner.fabric import bandwidth, reach
+    from provisioner.fabric.perftest import PairRun
+    from provisioner.spec import load_text
+
+    loaded = load_text(BIG_SPEC, "cluster.yaml")
+    assert loaded.cluster is not None, [d.format() for d in loaded.diagnostics]
+    cluster = loaded.cluster
+    lost = {node(16): HOST_KEY}
+
+    def runner(server: str, client: str, rail: int) -> PairRun:
+        if node(9) in (server, client):
+            return PairRun(None, PERFTEST_FAILS)
+        if rail == 3 and node(5) in (server, client):
+            return PairRun(212.4, "")
+        return PairRun(391.7 - rail * 0.3, "")
+
+    out = bandwidth.check_bandwidth(reach.reachable(cluster, lost), runner)
+    gpus = [n.name for n in cluster.nodes if n.gpu_count and n.name not in lost]
+    links = [CheckResult.from_findings("links", n, []) for n in gpus if n not in (node(3), node(12))]
+    links.append(CheckResult.from_findings("links", node(3), [Finding(
+        "links", "warning", node(3), "mlx5_2", 1, "0 symbol errors", 17,
+        "mlx5_2/1 error counters above threshold: symbol_error 17 (> 10)",
+        "reseat the cable; perfquery -x shows the counters")]))
+    links.append(CheckResult.from_findings("links", node(12), [Finding(
+        "links", "error", node(12), "mlx5_6", 1, "4X", "2X", "mlx5_6/1: width 2X, expected 4X (rate 200 of 400 Gb/s)",
+        "a lane is down: reseat or replace the cable or transceiver")]))
+    nccl = CheckResult.from_findings("nccl", None, [Finding(
+        "nccl", "error", None, None, None, 350, 41.2, "all-reduce bus bandwidth 41.2 GB/s at 8589934592 is below "
+        "350 GB/s over 15 nodes", "check GPUDirect (nvidia_peermem), NCCL_IB_HCA and the rails")])
+    fw = {f"firmware mlx5_{i}": "28.39.1002" for i in range(8)}
+    sw = {"ofed": "24.10-1.1.4.0", "doca": "2.9.1-1", "driver": "550.90.07", "cuda": "12.4.1", "nccl": "2.21.5"}
+    versions = {n: {**sw, **fw} for n in gpus}
+    versions[node(7)] = {**versions[node(7)], "driver": "550.127.05", "firmware mlx5_4": "28.40.1000"}
+    versions.update({s: {"ofed": sw["ofed"], "doca": sw["doca"], "firmware mlx5_0": "28.39.1002"}
+                     for s in ("sm1", "sm2")})
+    every = [n.name for n in cluster.nodes if n.gpu_count]
+    checks = reach.settle([*links, out.result, nccl, *reach.skipped("bandwidth", every, lost),
+                           *reach.skipped("nccl", every, lost)], lost)
+    return VerifyReport(
+        cluster="h100-16", started=datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC),
+        finished=datetime(2025, 3, 1, 12, 9, 30, tzinfo=UTC), checks=tuple(checks), bandwidth=out.matrix,
+        line_rate=out.line_rate, versions=versions, notes=tuple(out.notes),
+        peers={n: g for g, ns in peer_groups(cluster).items() for n in ns})
+
+
+#: Appended to a copy of the page (whose CSP forbids scripts): writes what the browser laid out into the DOM.
+MEASURE = """<script>
+const s = document.scrollingElement;
+const sections = [...document.querySelectorAll("section.node")].map(e => ({
+  node: e.dataset.node,
+  items: [...e.querySelectorAll(":scope > ul.items > li")].map(li => li.dataset.severity)}));
+const infos = [...document.querySelectorAll("li[data-severity=info]")];
+const out = {scrollWidth: s.scrollWidth, clientWidth: s.clientWidth, sections: sections,
+  infos: infos.length, infosOutsideDetails: infos.filter(li => !li.closest("details")).length,
+  openDetails: document.querySelectorAll("details[open]").length, text: document.body.textContent};
+const pre = document.createElement("pre"); pre.id = "measure"; pre.textContent = JSON.stringify(out);
+document.body.appendChild(pre);
+</script>"""
+
+
+def _chromium() -> str:
+    """The browser, or a skip where it is missing; in CI a missing browser fails (the bootstrap installs it)."""
+    if CHROMIUM is None:
+        if os.environ.get("CI"):
+            pytest.fail("chromium is missing in CI: scripts/test bootstraps it (PROVISIONER_WITH_CHROMIUM=1)")
+        pytest.skip("chromium is not installed (apt-get install -y chromium, or PROVISIONER_WITH_CHROMIUM=1 "
+                    "bash scripts/bootstrap.sh)")
+    return CHROMIUM
+
+
+def _laid_out(tmp_path: Path, page: str) -> dict[str, Any]:
+    """What headless chromium at laptop width (1280 px) laid out for ``page``."""
+    probe = tmp_path / "measure.html"
+    probe.write_text(re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page)
+                     .replace("</body>", MEASURE + "</body>"), encoding="utf-8")
+    base = [_chromium(), *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", LAPTOP]
+    dom = subprocess.run([*base, "--dump-dom", probe.as_uri()], capture_output=True, text=True, timeout=120,
+                         check=True).stdout
+    found = re.search(r'<pre id="measure">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    data: dict[str, Any] = json.loads(html.unescape(found.group(1)))
+    return data
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (apt-get install -y chromium)")
+def test_big_report_reads_at_laptop_width_in_headless_chromium(tmp_path: Path) -> None:
+    """16 nodes x 8 rails with failures, in a real browser at 1280 px: no horizontal scroll, findings grouped
+    by node with the errors first, infos folded away, and each long reason printed once."""
+    report = build_big_report()
+    page = to_html(report)
+    got = _laid_out(tmp_path, page)
+    assert got["scrollWidth"] <= got["clientWidth"] == 1280, (got["scrollWidth"], got["clientWidth"])
+    sections = [(s["node"], s["items"]) for s in got["sections"]]
+    nodes = [n for n, _ in sections]
+    assert len(nodes) == len(set(nodes))  # one section per node
+    order = ["error", "notrun", "warning", "skipped", "info"]
+    ranks = [min(order.index(k) for k in [*items, "info"]) for _, items in sections]
+    assert ranks == sorted(ranks), sections  # nodes with errors first
+    assert nodes[:6] == ["", node(5), node(9), node(12), node(16), node(3)], nodes  # errors, not run, warnings
+    assert all(items == sorted(items, key=order.index) for _, items in sections)
+    assert dict(sections)[node(16)] == ["notrun", "skipped"]  # one could-not-run, its skipped pairs on one line
+    assert got["infos"] > 0 and got["infosOutsideDetails"] == 0 and got["openDetails"] == 0
+    assert got["text"].count(PERFTEST_FAILS) == 1, got["text"].count(PERFTEST_FAILS)
+    assert got["text"].count(HOST_KEY) == 1
+    assert "same reason as above" in got["text"]
+
+
+@pytest.mark.slow
 def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
+    """The page as written (CSP on, no script) renders: every heatmap cell, the findings, the hostile string as
+    text; and a screenshot at laptop width is a PNG."""
     report = build_report()
     page = tmp_path / "report.html"
     page.write_text(to_html(report), encoding="utf-8")
-    base = [str(CHROMIUM), *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
+    base = [_chromium(), *CHROME_FLAGS, f"--user-data-dir={tmp_path / 'profile'}"]
     dom = subprocess.run(
         [*base, "--dump-dom", page.as_uri()], capture_output=True, text=True, timeout=120, check=True
     ).stdout
     tags = parse(dom)
     measured = sum(len(m) for m in report.bandwidth.values())
     assert sum(1 for t, a in tags if t == "td" and a.get("class") == "bw") == 2 * measured
-    assert sum(1 for t, a in tags if t == "tr" and a.get("class") == "finding") == 2
+    assert sum(1 for t, a in tags if t == "li" and a.get("class") == "finding") == 2
     assert "&lt;img" in dom and "<img" not in dom  # the hostile string stayed text in the live DOM
     shot = tmp_path / "report.png"
-    subprocess.run(
-        [*base, f"--screenshot={shot}", "--window-size=1400,1800", page.as_uri()],
-        capture_output=True,
-        timeout=120,
-        check=True,
-    )
+    subprocess.run([*base, f"--screenshot={shot}", LAPTOP, page.as_uri()], capture_output=True, timeout=120,
+                   check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_browser_tests_fail_rather_than_skip_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(f"{__name__}.CHROMIUM", None)
+    monkeypatch.setenv("CI", "true")
+    with pytest.raises(pytest.fail.Exception, match="chromium is missing in CI"):
+        _chromium()
+    monkeypatch.delenv("CI")
+    with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
+        _chromium()

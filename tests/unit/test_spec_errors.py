@@ -295,3 +295,38 @@ def test_doca_release_outside_the_ofed_table_warns_unless_site_says() -> None:
     assert d.severity == "warning" and "DOCA 2.7.0" in d.message and "doca_ofed_ofed_version" in d.hint
     told = old + "site_vars:\n  doca_ofed_ofed_version: \"24.04-0.6.6.0\"\n"
     assert "COMPAT-DOCA-UNKNOWN" not in rules_of(told)
+
+
+def test_one_cause_is_one_line_for_the_whole_range() -> None:
+    """A range cabled to devices its profile lacks: one line per cabling entry naming gpu[01-08], not one
+    per node (an 8-node spec whose profile was cut to 2 HCAs printed 48 lines for 6 causes)."""
+    text = BASE.replace('"mlx5_[0-7]"', '"mlx5_[0-1]"').replace('"gpu[01-04]", address: "10.0.0.[11-14]"',
+                                                                 '"gpu[01-08]", address: "10.0.0.[11-18]"')
+    text = text.replace("  - {name: leaf1, ports: 64, uplinks: 0}\n", "".join(
+        f"  - {{name: rail{i}, ports: 64, uplinks: 0}}\n" for i in range(8)))
+    cabling = "".join(f'        - {{nodes: "gpu[01-08]", hca: mlx5_{i}, switch: rail{i}, ports: 1-8}}\n'
+                      for i in range(8))
+    text = text.replace("  topology: {kind: single_switch}\n",
+                        f"  topology:\n    kind: rail_optimized\n    cabling:\n{cabling}")
+    text = text.replace("        - {", "      - {")
+    res = load_text(text, "c.yaml")
+    undefined = [d for d in res.diagnostics if d.rule == "SPEC-UNDEFINED-DEVICE"]
+    assert [d.message for d in undefined] == [
+        f"gpu[01-08] has no device mlx5_{i} in its profile" for i in range(2, 8)], [d.format() for d in undefined]
+    assert len({d.line for d in undefined}) == 6  # each points at its own cabling line
+
+
+def test_only_the_hosts_that_share_a_cause_are_folded() -> None:
+    """Two nodes of a range out of the profile: the other nodes stay unnamed; two different rules stay two."""
+    text = BASE.replace("    hcas: [{device: mlx5_0, rate: NDR}]\n",
+                        "    hcas: [{device: mlx5_0, rate: NDR}]\n  odd:\n"
+                        "    hcas: [{device: mlx5_1, rate: NDR}]\n")
+    text = text.replace('  - {name: "gpu[01-04]", address: "10.0.0.[11-14]", profile: gpu8}\n',
+                        '  - {name: "gpu[01-04]", address: "10.0.0.[11-14]", profile: gpu8}\n'
+                        '  - {name: "x[7-8]", address: "10.0.0.[7-8]", profile: odd}\n')
+    text = text.replace("  topology: {kind: single_switch}\n",
+                        "  topology:\n    kind: single_switch\n    cabling:\n"
+                        '      - {nodes: "x[7-8],gpu01", hca: mlx5_0, switch: leaf1, ports: 1-3}\n')
+    res = load_text(text, "c.yaml")
+    undefined = [d.message for d in res.diagnostics if d.rule == "SPEC-UNDEFINED-DEVICE"]
+    assert undefined == ["x[7-8] has no device mlx5_0 in its profile"], undefined
