@@ -98,7 +98,7 @@ def test_what_is_no_public_key_is_refused(content: bytes, message: str) -> None:
 
 
 def test_a_secret_key_is_never_installed(exports: dict[str, bytes]) -> None:
-    with pytest.raises(ak.KeyError_, match="PRIVATE KEY BLOCK.* is not a public key"):
+    with pytest.raises(ak.KeyError_, match=r"PRIVATE KEY BLOCK.* is not a public key"):
         ak.keyring_from(exports["secret"], "oops.pub")
 
 

@@ -7,6 +7,7 @@ here for real (forking, PID file under a temp sysroot) and nvidia-smi reads its 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -40,10 +41,8 @@ def lab(tmp_path: Path) -> Iterator[Path]:
     yield tmp_path
     pid_file = tmp_path / "sys" / PID_FILE
     if pid_file.is_file():  # never leave a daemon behind
-        try:
+        with contextlib.suppress(ProcessLookupError, ValueError):
             os.kill(int(pid_file.read_text()), signal.SIGTERM)
-        except (ProcessLookupError, ValueError):
-            pass
 
 
 def _env(lab: Path) -> dict[str, str]:
