@@ -272,6 +272,7 @@ class Engine:
     reporter: Reporter = field(default_factory=NullReporter)
     run_id: str = field(default_factory=new_run_id)
     after_converge: AfterConverge | None = None   # e.g. fetch the nodes' manifests and report drift
+    play_vars: Mapping[str, Any] = field(default_factory=dict)  # from the spec, for play keywords (serial); -e wins
 
     def execute(self, plan: RunPlan) -> RunJournal:
         journal = RunJournal(self.run_id, self.cluster, self.spec, list(plan.phases), plan.progress,
@@ -364,7 +365,8 @@ class Engine:
                 playbook, self.inventory_dir, private_data_dir=run_dir / ph.name, limit=targets,
                 tags=self.options.tags or None, check=self.options.check, diff=self.options.diff,
                 forks=self.options.forks, event_handler=lambda ev: self.reporter.event(ph.name, ev),
-                extravars=self.options.extravars or None, secret_files=self.options.secret_files,
+                extravars={**self.play_vars, **self.options.extravars} or None,
+                secret_files=self.options.secret_files,
                 vault_password_file=self.options.vault_password_file,
                 state_dir=self.state_dir, ident=ph.name)
         except RunnerError as exc:
@@ -450,6 +452,7 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
     `after_converge` runs once after the last converge phase (the CLI passes the manifest/drift check).
     """
     from provisioner.render import render_inventory
+    from provisioner.render.model import play_vars
     from provisioner.spec import load_cluster
 
     overlay = Path(options.overlay) if options.overlay else None
@@ -471,5 +474,6 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
     engine = Engine(cluster.name, str(spec), sdir, sdir / "inventory",
                     critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
                     playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
-                    reporter=reporter or NullReporter(), after_converge=after_converge)
+                    reporter=reporter or NullReporter(), after_converge=after_converge,
+                    play_vars=play_vars(cluster))
     return engine.execute(plan)

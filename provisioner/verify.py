@@ -205,7 +205,7 @@ class _Verifier:
                 continue
             mine = [f for f in found if f.node == node]
             self.checks.append(CheckResult.from_findings(versions.CHECK, node, mine))
-            row = {c: v for c, v in observed.get(node, {}).items() if v is not None}
+            row = {c: v for c, v in observed.get(node, {}).items() if v is not None and c != versions.PERSISTENCE}
             row.update({f"firmware {d}": v for d, v in fw.get(node, {}).items()})
             self.versions[node] = row
 

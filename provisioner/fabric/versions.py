@@ -10,6 +10,9 @@ Probes (fixed command lines, no spec value in them) and how their output is read
 * ``dpkg-query -W -f=${Version} doca-ofed`` → the DOCA version the spec pins for ``flavor: doca``
   (``ofed_info`` shows the OFED component version, 24.10-…, not the DOCA release, 2.9.1);
 * ``nvidia-smi --query-gpu=driver_version --format=csv,noheader`` → one line per GPU;
+* ``nvidia-smi --query-gpu=persistence_mode --format=csv,noheader`` → ``Enabled``/``Disabled`` per GPU: not a
+  version, but the driver's one runtime setting the driver role owns (Ubuntu's nvidia-persistenced unit starts
+  the daemon with ``--no-persistence-mode``), so a node where it is off is a finding here;
 * ``cat /usr/local/cuda/version.json`` (CUDA ≥ 11.1; ``version.txt`` "CUDA Version x.y.z" before);
 * the NCCL library file name ``libnccl.so.<x.y.z>`` (what the packages install on every distribution).
 """
@@ -33,6 +36,7 @@ PROBES: dict[str, list[str]] = {
     "ofed": ["ofed_info", "-s"],
     "doca": ["dpkg-query", "-W", "-f=${Version}", "doca-ofed"],
     "driver": ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+    "persistence": ["nvidia-smi", "--query-gpu=persistence_mode", "--format=csv,noheader"],
     "cuda": ["sh", "-c", "cat /usr/local/cuda/version.json 2>/dev/null || cat /usr/local/cuda/version.txt"],
     "nccl": [
         "sh", "-c",
@@ -71,6 +75,9 @@ def read_version(component: str, text: str) -> str | None:
     if component == "nccl":
         found = sorted(set(_NCCL_FILE.findall(text)), key=lambda v: tuple(int(x) for x in v.split(".")))
         return found[-1] if found else None
+    if component == "persistence":
+        modes = {ln.strip() for ln in text.splitlines()} & {"Enabled", "Disabled"}
+        return ", ".join(sorted(modes)) or None
     if component == "doca":
         return text.split()[0] if re.match(r"^\d", text) else None
     return text.splitlines()[0]
@@ -98,7 +105,7 @@ def components_for(cluster: Cluster, node_has_gpu: bool) -> list[str]:
     if cluster.spec.software.ofed.flavor == "doca":
         comps.append("doca")
     if node_has_gpu:
-        comps += ["driver", "cuda", "nccl"]
+        comps += ["driver", "persistence", "cuda", "nccl"]
     return comps
 
 
@@ -113,6 +120,9 @@ def version_findings(cluster: Cluster, observed: Mapping[str, Mapping[str, str |
     found: list[Finding] = []
     for node in sorted(observed):
         for comp, got in sorted(observed[node].items()):
+            if comp == PERSISTENCE:
+                found += persistence_findings(node, got)
+                continue
             want = pinned.get(comp)
             if want is None:
                 continue
@@ -126,8 +136,23 @@ def version_findings(cluster: Cluster, observed: Mapping[str, Mapping[str, str |
                                      "converge the node again; a held or manually installed package wins "
                                      "otherwise (apt-mark showhold)"))
     # Unpinned components (e.g. the OFED build under DOCA) must still agree between peers.
-    found += drift_findings(observed, skip=set(pinned), check=CHECK, what="version", groups=groups)
+    found += drift_findings(observed, skip={*pinned, PERSISTENCE}, check=CHECK, what="version", groups=groups)
     return found
+
+
+PERSISTENCE = "persistence"
+
+
+def persistence_findings(node: str, got: str | None) -> list[Finding]:
+    """GPUs without persistence mode (error): the driver deinitialises them between jobs, job starts get slower
+    and GPU state is lost. None (nvidia-smi did not answer) is left to the driver finding."""
+    if got is None or got == "Enabled":
+        return []
+    return [Finding(CHECK, "error", node, None, None, "Enabled", got,
+                    f"GPU persistence mode is {got} on {node}",
+                    "nvidia-persistenced is stopped or runs with --no-persistence-mode (Ubuntu's packaged unit): "
+                    "converge the gpu_stack phase (the driver role's drop-in enables it), then check "
+                    "`systemctl cat nvidia-persistenced`")]
 
 
 def drift_findings(

@@ -199,7 +199,11 @@ def vendor_gnupg_home(cluster: str) -> Path:
 
 def ensure_vendor_repo(cluster: str, state_dir: Path, versions: VendorVersions,
                        progress: Progress = _quiet) -> Path:
-    """Build (or reuse) the signed repo of the pinned and drift sets; return the exported keyring's host path."""
+    """Build (or reuse) the signed repo of the pinned and drift sets; return the armored public key's host path.
+
+    ``keys/`` gets the key twice: ``lab-vendor.pub`` armored, as NVIDIA serves its repository keys (what the
+    overlay hands the roles), and ``lab-vendor.gpg`` binary (what a test's hand-written ``signed-by=`` names).
+    """
     from provisioner.lab.fromspec import drift_versions
 
     sets = [versions]
@@ -208,15 +212,17 @@ def ensure_vendor_repo(cluster: str, state_dir: Path, versions: VendorVersions,
         sets.append(drift)
     info = vendor_repo.build_vendor_repo(state_dir / VENDOR_REPO_DIR, sets, progress,
                                          gnupg_home=vendor_gnupg_home(cluster))
-    keyring = state_dir / "keys" / vendor_repo.KEYRING_NAME
-    keyring.parent.mkdir(exist_ok=True)
-    data = info.keyring_path.read_bytes()
-    if not keyring.is_file() or keyring.read_bytes() != data:
-        tmp = keyring.with_name("." + keyring.name + ".tmp")
-        tmp.write_bytes(data)
-        tmp.chmod(0o644)
-        tmp.replace(keyring)
-    return keyring
+    keys = state_dir / "keys"
+    keys.mkdir(exist_ok=True)
+    for source in (info.keyring_path, info.armored_key_path):
+        target = keys / source.name
+        data = source.read_bytes()
+        if not target.is_file() or target.read_bytes() != data:
+            tmp = target.with_name("." + target.name + ".tmp")
+            tmp.write_bytes(data)
+            tmp.chmod(0o644)
+            tmp.replace(target)
+    return keys / vendor_repo.ARMORED_KEY_NAME
 
 
 _EXPORT_PATH = re.compile(r"^/[A-Za-z0-9._@+-]+(/[A-Za-z0-9._@+-]+)*$")

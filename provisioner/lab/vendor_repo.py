@@ -37,11 +37,14 @@ SUITES = ("bookworm", "jammy", "noble")
 COMPONENT = "main"
 ARCH = "amd64"
 KEYRING_NAME = "lab-vendor.gpg"
+ARMORED_KEY_NAME = "lab-vendor.pub"
+"""The same public key ASCII-armored under a ``.pub`` name, the form NVIDIA serves its repository keys in
+(CUDA ``3bf863cc.pub``, DOCA ``GPG-KEY-Mellanox.pub``): what the lab hands the roles as the vendor key."""
 KEY_UID = "provisioner lab vendor repository <lab-vendor@provisioner.invalid>"
 SOURCE_DATE_EPOCH = 1704067200  # 2024-01-01: fixed mtimes and Release date, for reproducible output
 RELEASE_DATE = "Mon, 01 Jan 2024 00:00:00 UTC"
 STAMP_NAME = ".build-inputs.sha256"
-FORMAT_VERSION = "1"  # bump when the repository layout or build changes
+FORMAT_VERSION = "2"  # bump when the repository layout or build changes
 
 Progress = Callable[[str], None]
 
@@ -55,6 +58,11 @@ class RepoInfo:
     suites: tuple[str, ...]
     url_for_file_repo: str
     packages: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def armored_key_path(self) -> Path:
+        """The public key, armored, as ``lab-vendor.pub`` (NVIDIA's form)."""
+        return self.path / ARMORED_KEY_NAME
 
     def sources_line(
         self,
@@ -257,10 +265,12 @@ def sign_release(dist: Path, gnupg_home: Path, fingerprint: str) -> None:
     )
 
 
-def export_keyring(gnupg_home: Path, fingerprint: str, dest: Path) -> None:
-    """The public key as a binary keyring, the form apt's ``signed-by=`` takes."""
+def export_keyring(gnupg_home: Path, fingerprint: str, dest: Path, *, armor: bool = False) -> None:
+    """The public key as a binary keyring (the form apt's ``signed-by=`` takes for a ``.gpg`` name), or
+    ASCII-armored with ``armor`` (the form vendors publish as ``.pub``)."""
     env = _gpg_env(gnupg_home)
-    done = subprocess.run(["gpg", "--batch", "--export", fingerprint], env=env, capture_output=True, check=False)
+    cmd = ["gpg", "--batch", *(["--armor"] if armor else []), "--export", fingerprint]
+    done = subprocess.run(cmd, env=env, capture_output=True, check=False)
     if done.returncode != 0 or not done.stdout:
         raise LabError(f"gpg --export of {fingerprint} failed: {done.stderr.decode(errors='replace')[-300:]}")
     dest.write_bytes(done.stdout)
@@ -347,6 +357,7 @@ def _build(out: Path, recipes: Sequence[PackageRecipe], home: Path, say: Progres
                 )
                 sign_release(dist, home, fingerprint)
             export_keyring(home, fingerprint, stage / KEYRING_NAME)
+            export_keyring(home, fingerprint, stage / ARMORED_KEY_NAME, armor=True)
             (stage / STAMP_NAME).write_text(digest + "\n")
             _replace_contents(out, stage)
         say(f"vendor repo built: {len(recipes)} packages, suites {', '.join(SUITES)}")

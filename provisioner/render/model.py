@@ -84,6 +84,13 @@ def _roce_vars(cluster: Cluster) -> dict[str, Any]:
             "roce_qos_tos": _roce_tos(roce.dscp, bool(roce.ecn)), "roce_qos_mtu": roce.mtu}
 
 
+def play_vars(cluster: Cluster) -> dict[str, Any]:
+    """Variables a play needs before Ansible knows any host: play keywords such as ``serial`` are templated
+    without inventory variables, so the run engine also passes these as extra vars (they are in group_vars/all
+    too, for tasks and for whoever reads the inventory)."""
+    return {"provisioner_reboot_serial": cluster.spec.reboot.serial}
+
+
 def build_inventory(cluster: Cluster) -> Inventory:
     spec = cluster.spec
     inv = Inventory()
@@ -213,6 +220,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "nvidia_driver_version": spec.software.driver.version,
         "nvidia_driver_branch": spec.software.driver.branch,
         "nvidia_driver_kernel_modules": spec.software.driver.kernel_modules,
+        "nvidia_driver_allow_reboot": spec.reboot.allowed,
+        **play_vars(cluster),
         "cuda_version": spec.software.cuda,
         "nccl_version": spec.software.nccl,
         "nccl_tests_version": spec.software.nccl_tests,

@@ -147,6 +147,21 @@ class Repositories(Strict):
     os: Repo | None = Field(None, description="Site mirror of the OS repositories, if any.")
 
 
+class Reboot(Strict):
+    allowed: bool = Field(False, description="Let a run reboot nodes whose driver change needs it (new kernel "
+                          "module, nouveau still loaded); false: such a node fails with \"reboot required\".")
+    serial: Annotated[int, Field(ge=1)] | Annotated[str, StringConstraints(pattern=r"^[1-9][0-9]?%$")] = Field(
+        1, description="Nodes rebooted at once: a count, or a share of the nodes that need it (\"25%\"). Batches "
+        "run one after another; a failed batch stops the rest.")
+
+    @field_validator("serial", mode="before")
+    @classmethod
+    def _no_bool(cls, v: object) -> object:
+        if isinstance(v, bool):
+            raise ValueError("give a count (2) or a share (\"25%\")")
+        return v
+
+
 # --- switches --------------------------------------------------------------------------------------------------
 class Credentials(Strict):
     file: LocalPath | None = Field(None, description="YAML file with username/password (mode 0600).")
@@ -319,6 +334,7 @@ class Spec(Strict):
     ssh: Ssh = Field(default_factory=Ssh, description="How the control node logs in to the nodes.")
     software: Software = Field(description="Pinned versions of the GPU and RDMA software stack.")
     repositories: Repositories = Field(default_factory=Repositories, description="Package mirrors and their keys.")
+    reboot: Reboot = Field(default_factory=Reboot, description="Whether and how many nodes a run may reboot at once.")
     profiles: dict[ProfileName, Profile] = Field(description="Node types: GPUs, HCAs, interfaces.")
     nodes: list[NodeGroup] = Field(min_length=1, description="Hosts (hostlist ranges), their profile and roles.")
     fabric: Fabric = Field(description="The RDMA fabric: type, rate, topology, subnet manager, partitions.")

@@ -423,6 +423,18 @@ def _repos(c: Cluster, rep: Reporter, r: Rule) -> None:
                  "add repositories.doca: {url: ..., key: ...}")
 
 
+@rule("REBOOT-BATCH", "error",
+      "Rebooting every GPU node in one batch takes the whole cluster down at once; batches must leave nodes up.")
+def _reboot_batch(c: Cluster, rep: Reporter, r: Rule) -> None:
+    reboot = c.spec.reboot
+    gpu_nodes = sum(1 for n in c.nodes if n.gpu_count)
+    if not reboot.allowed or not isinstance(reboot.serial, int) or gpu_nodes < 2:
+        return
+    if reboot.serial >= gpu_nodes:
+        r.report(rep, ("reboot", "serial"), f"serial {reboot.serial} reboots all {gpu_nodes} GPU nodes at once",
+                 f"use a smaller batch (at most {gpu_nodes - 1}) or a share such as \"25%\"")
+
+
 # --- storage ---------------------------------------------------------------------------------------------------
 @rule("STORAGE-REFS", "error", "Mounts and exports must name servers and clients that exist in the spec.")
 def _storage_refs(c: Cluster, rep: Reporter, r: Rule) -> None:

@@ -147,7 +147,7 @@ def test_overlay_points_the_spec_at_the_lab_repo(stack: Stack) -> None:
     assert result.cluster is not None and not result.errors, result.diagnostics
     cuda = result.cluster.spec.repositories.cuda
     assert cuda is not None and cuda.url == "file:///run/lab/vendor-repo"
-    assert Path(cuda.key).is_file() and Path(stack.root) / "keys" / "lab-vendor.gpg" == Path(cuda.key)
+    assert Path(cuda.key).is_file() and Path(stack.root) / "keys" / "lab-vendor.pub" == Path(cuda.key)
     listing = sh("gpu01", "ls -a /run/lab; ls -a /run/lab/vendor-repo").stdout
     assert "vendor-repo" in listing and "gnupg" not in listing  # the signing key never enters a node
 

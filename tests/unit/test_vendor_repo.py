@@ -68,6 +68,7 @@ def test_layout_and_signatures_exist(repo: RepoInfo) -> None:
         assert (dist / "main" / "binary-amd64" / "Packages.gz").is_file()
     assert repo.keyring_path == repo.path / KEYRING_NAME
     assert repo.keyring_path.read_bytes()[:1] != b"-"  # binary keyring, not armored
+    assert repo.armored_key_path.read_bytes().startswith(b"-----BEGIN PGP PUBLIC KEY BLOCK-----\n")
     # The secret key lives outside the (bind-mounted) repository.
     assert not list(repo.path.rglob("private-keys-v1.d"))
 
@@ -160,3 +161,33 @@ def test_conflicting_duplicates_are_refused() -> None:
         collect_recipes([PINNED, replace(PINNED, driver_flavor="proprietary", ofed_kind="mlnx")])
     with pytest.raises(LabError):
         collect_recipes([])
+
+
+def _keyring_module():  # type: ignore[no-untyped-def]
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "roles/vendor_repos/library/apt_keyring.py"
+    spec = importlib.util.spec_from_file_location("apt_keyring", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_apt_reads_signed_by_format_from_the_name_so_armored_keys_need_dearmoring(repo: RepoInfo,
+                                                                                   tmp_path: Path) -> None:
+    """The lab serves its key armored as lab-vendor.pub, like NVIDIA's 3bf863cc.pub. Copied under a
+    .gpg name (what vendor_repos did for every key not named .asc) apt cannot use it; dearmored it can."""
+    armored = repo.armored_key_path.read_bytes()
+    as_gpg = tmp_path / "armored-named.gpg"
+    as_gpg.write_bytes(armored)
+    bad = _apt(repo, tmp_path, as_gpg, "apt-get", "update")
+    # apt 2.6: "NO_PUBKEY <id>" then "E: The repository '...' is not signed.", exit 100.
+    assert bad.returncode == 100 and "NO_PUBKEY" in bad.stderr and "is not signed" in bad.stderr, bad.stderr
+    keyring, kind = _keyring_module().keyring_from(armored, "lab-vendor.pub")
+    assert kind == "armored" and keyring == repo.keyring_path.read_bytes()  # what gpg --export writes
+    dearmored = tmp_path / "dearmored.gpg"
+    dearmored.write_bytes(keyring)
+    shutil.rmtree(tmp_path / "state")
+    good = _apt(repo, tmp_path, dearmored, "apt-get", "update")
+    assert good.returncode == 0 and "NO_PUBKEY" not in good.stderr, good.stdout + good.stderr

@@ -179,6 +179,24 @@ def test_version_findings_pin_missing_and_drift() -> None:
     assert [(f.node, f.device, f.severity) for f in drift] == [("n3", "mlx5_0", "warning")]
 
 
+def test_persistence_mode_off_is_an_error_finding() -> None:
+    """What nvidia-smi --query-gpu=persistence_mode prints per GPU (Enabled/Disabled, docs.nvidia.com
+    driver-persistence); a node where the packaged --no-persistence-mode unit won is named."""
+    assert versions.read_version("persistence", "Enabled\nEnabled\n") == "Enabled"
+    assert versions.read_version("persistence", "Enabled\nDisabled\n") == "Disabled, Enabled"
+    assert versions.read_version("persistence", "No devices were found\n") is None
+    c = cluster_from(ROCE)
+    ok = {"driver": "550.90.07", "cuda": "12.4.1", "nccl": "2.21.5", "ofed": "23.07-0.5.1.2"}
+    observed: dict[str, dict[str, str | None]] = {n: {**ok, "persistence": "Enabled"} for n in ("n1", "n2")}
+    observed["n3"] = {**ok, "persistence": "Disabled"}
+    observed["n4"] = {**ok, "persistence": None}  # nvidia-smi failed: the driver finding speaks for it
+    found = versions.version_findings(c, observed)
+    assert [(f.node, f.severity, f.expected, f.observed) for f in found] == [("n3", "error", "Enabled", "Disabled")]
+    assert "persistence mode is Disabled on n3" in found[0].message and "--no-persistence-mode" in found[0].hint
+    assert "persistence" in versions.components_for(c, node_has_gpu=True)
+    assert "persistence" not in versions.components_for(c, node_has_gpu=False)
+
+
 # ---------------------------------------------------------------- cabling (real iblinkinfo)
 
 V100 = """

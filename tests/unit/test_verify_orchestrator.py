@@ -83,6 +83,8 @@ class FakeRemote:
         if tool == "ofed_info":
             return Completed(0, OFED, "")
         if tool == "nvidia-smi":
+            if "--query-gpu=persistence_mode" in argv:
+                return Completed(0, "Enabled\nEnabled\n", "")
             return Completed(0, "550.90.07\n550.90.07\n", "")
         if argv[-1].startswith("cat /usr/local/cuda"):
             return Completed(0, json.dumps({"cuda": {"name": "CUDA SDK", "version": "12.4.1"}}), "")

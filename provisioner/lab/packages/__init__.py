@@ -26,6 +26,7 @@ FILES_DIR = Path(__file__).resolve().parent / "files"
 LAB_LIB = "/usr/lib/provisioner-lab"
 MODULE_STORE = f"{LAB_LIB}/modules"
 MAINTAINER = "provisioner lab <lab@provisioner.invalid>"
+PERSISTENCED_USER = "nvidia-persistenced"
 
 # Highest CUDA version each driver branch supports (what nvidia-smi prints as "CUDA Version").
 DRIVER_CUDA = {
@@ -221,14 +222,17 @@ def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
         depends=(f"libnvidia-compute-{br} (= {deb_ver})",),
         files=_present(_tool("nvidia-smi", "/usr/bin/nvidia-smi")),
     )
-    persistenced_unit = """[Unit]
+    # Ubuntu's unit (nvidia-compute-utils-<branch>) starts the daemon with persistence mode OFF; see
+    # docs/lab-hardware-model.md for the sources. The lab adds [Install] (Ubuntu's is static and started when
+    # the driver appears, and the lab has no udev to do that).
+    persistenced_unit = f"""[Unit]
 Description=NVIDIA Persistence Daemon
 Wants=syslog.target
 
 [Service]
-Type=simple
-ExecStart=/usr/bin/nvidia-persistenced
-Restart=no
+Type=forking
+ExecStart=/usr/bin/nvidia-persistenced --user {PERSISTENCED_USER} --no-persistence-mode --verbose
+ExecStopPost=/bin/rm -rf /var/run/nvidia-persistenced
 
 [Install]
 WantedBy=multi-user.target
@@ -241,6 +245,13 @@ WantedBy=multi-user.target
         files=(
             _data_file("nvidia-persistenced", "/usr/bin/nvidia-persistenced"),
             _text("/lib/systemd/system/nvidia-persistenced.service", persistenced_unit),
+        ),
+        # The daemon's --user, made by the package like Ubuntu's postinst does.
+        postinst=(
+            "#!/bin/sh\nset -e\n"
+            f"if [ \"$1\" = configure ] && ! getent passwd {PERSISTENCED_USER} >/dev/null; then\n"
+            "    useradd --system --user-group --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin \\\n"
+            f"        --comment 'NVIDIA Persistence Daemon,,,' {PERSISTENCED_USER}\nfi\nexit 0\n"
         ),
     )
     meta = PackageRecipe(
