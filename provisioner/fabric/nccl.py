@@ -43,10 +43,13 @@ def perf_argv(max_bytes: str) -> list[str]:
     return ["all_reduce_perf", "-b", "8", "-e", max_bytes, "-f", "2", "-g", "1"]
 
 
-def mpirun_argv(hostfile: str, nodes: int, gpus_per_node: int, max_bytes: str, *, as_root: bool) -> list[str]:
+def mpirun_argv(hostfile: str, nodes: int, gpus_per_node: int, max_bytes: str, *, as_root: bool,
+                ssh_port: int = 22) -> list[str]:
     """Open MPI's mpirun over ``hostfile``: one rank per GPU, ``gpus_per_node`` ranks on every node."""
     argv = ["mpirun", "--hostfile", hostfile, "-np", str(nodes * gpus_per_node),
             "--map-by", f"ppr:{gpus_per_node}:node", "--bind-to", "none", "--mca", "plm_rsh_no_tree_spawn", "1"]
+    if ssh_port != 22:
+        argv += ["--mca", "plm_rsh_args", f"-p {ssh_port}"]
     if as_root:
         argv.insert(1, "--allow-run-as-root")
     for setting in DEBUG_ENV:
@@ -58,10 +61,12 @@ def hostfile_text(addresses: Sequence[str], gpus_per_node: int) -> str:
     return "".join(f"{a} slots={gpus_per_node}\n" for a in addresses)
 
 
-def launch(addresses: Sequence[str], gpus_per_node: int, max_bytes: str, *, as_root: bool) -> list[str]:
+def launch(addresses: Sequence[str], gpus_per_node: int, max_bytes: str, *, as_root: bool,
+           ssh_port: int = 22) -> list[str]:
     """``sh -c`` on the launcher: write the hostfile to a private temp file, run mpirun, remove the file."""
     marker = "@HOSTFILE@"
-    command = shlex.join(mpirun_argv(marker, len(addresses), gpus_per_node, max_bytes, as_root=as_root))
+    command = shlex.join(mpirun_argv(marker, len(addresses), gpus_per_node, max_bytes, as_root=as_root,
+                                     ssh_port=ssh_port))
     script = (f"f=$(mktemp) || exit 1; trap 'rm -f \"$f\"' EXIT; "
               f"printf %s {shlex.quote(hostfile_text(addresses, gpus_per_node))} > \"$f\" || exit 1; "
               + command.replace(marker, '"$f"'))
@@ -142,7 +147,8 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, mpirun: bool, as_root: b
     outputs: dict[tuple[str, ...], Completed] = {}
 
     def busbw_of(hosts: Sequence[str]) -> tuple[float | None, str]:
-        argv = launch([address[h] for h in hosts], gpus, cfg.max_bytes, as_root=as_root)
+        argv = launch([address[h] for h in hosts], gpus, cfg.max_bytes, as_root=as_root,
+                      ssh_port=cluster.spec.ssh.port)
         done = runner(hosts, argv, {})
         outputs[tuple(hosts)] = done
         return read_busbw(done)

@@ -220,6 +220,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "ansible_user": spec.ssh.user,
         "ansible_port": spec.ssh.port,
         "ansible_ssh_common_args": ssh_args,
+        "provisioner_known_hosts": known_hosts,
         "ansible_python_interpreter": "/usr/bin/python3",
         "provisioner_cluster": spec.cluster.name,
         "provisioner_os": spec.cluster.os,

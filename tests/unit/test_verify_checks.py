@@ -379,6 +379,7 @@ def test_nccl_launches_through_mpirun_with_a_hostfile() -> None:
     assert "NCCL_DEBUG=INFO" in argv and "NCCL_DEBUG_SUBSYS=INIT,NET" in argv
     assert argv[-9:] == ["all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "1"]
     assert "--allow-run-as-root" not in nccl.mpirun_argv("/tmp/h", 2, 8, "8G", as_root=False)
+    assert "plm_rsh_args" not in argv and "-p 2222" in nccl.mpirun_argv("/h", 2, 8, "8G", as_root=False, ssh_port=2222)
     sh = nccl.launch(["10.0.0.1", "10.0.0.2"], 4, "1G", as_root=False)
     assert sh[:2] == ["sh", "-c"] and "'10.0.0.1 slots=4\n10.0.0.2 slots=4\n'" in sh[2]
     assert ' --hostfile "$f" ' in sh[2] and "rm -f" in sh[2] and "NCCL_TESTS" not in sh[2]
