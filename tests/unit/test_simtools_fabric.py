@@ -705,3 +705,19 @@ def test_outputs_parse_with_product_parsers(lab: Path) -> None:
     record = {"lid": 1, "guid": "0xa088c20300010000", "activity_count": 5, "priority": 14, "state": "master"}
     assert fabsim_sm.sminfo_text(1, [record]) == text.rstrip("\n")
     assert parsers.parse("sminfo", text)
+
+
+def test_sm_programs_pkey_tables_from_partitions_conf(lab: Path) -> None:
+    text = ("Default=0x7fff, ipoib : ALL=limited, SELF=full ;\n"
+            "training=0x0001, ipoib : 0xa088c20300010000=full, 0xa088c20300020000=full, 0xa088c20300020001=limited ;\n")
+    parts = fabsim_sm.parse_partitions(text)
+    assert fabsim_sm.pkey_table(parts, "0xa088c20300010000", False) == ["0x7fff", "0x8001"]
+    assert fabsim_sm.pkey_table(parts, "0xa088c20300020001", False) == ["0x7fff", "0x0001"]
+    assert fabsim_sm.pkey_table(parts, "0x1", True) == ["0xffff"]
+    fabsim_sm.sweep(str(lab), 1, {}, ("gpu01", "mlx5_0", 1), parts)
+    def pkeys(host: str, dev: str) -> list[str]:
+        base = lab / "nodes" / host / "sys" / "class" / "infiniband" / dev / "ports" / "1" / "pkeys"
+        return [(base / str(i)).read_text().strip() for i in range(len(list(base.iterdir())))]
+
+    assert pkeys("gpu01", "mlx5_0") == ["0xffff", "0x8001"]  # the SM's own port: SELF=full
+    assert pkeys("gpu02", "mlx5_1") == ["0x7fff", "0x0001"] and pkeys("gpu01", "mlx5_1") == ["0x7fff"]
