@@ -406,7 +406,7 @@ def test_nccl_counts_ranks_and_fails_when_they_are_not_nodes_times_gpus() -> Non
 
 
 def test_nccl_names_the_rails_nccl_selected_from_real_lines() -> None:
-    lines = load("nccl-tests", "net_ib_selection_lines.txt")
+    lines = load("nccl-debug", "net_ib_selection_lines.txt")
     assert nccl.selected_rails(lines) == {
         "dgxh100-4": {("mlx5_10", 1), ("mlx5_11", 1)}, "dgxh100-3": {("mlx5_10", 1), ("mlx5_11", 1)},
         "master_node": {("mlx5_0", 1)}, "e05r3n09": {("mlx5_3", 1), ("mlx5_2", 1), ("mlx5_1", 1), ("mlx5_0", 1)},
