@@ -30,3 +30,35 @@ def test_pkey_index_is_found_per_port_and_must_agree() -> None:
     found = nccl_pkey.nccl_pkey_index(split, "0x8001")
     assert found["index"] is None and found["indexes"] == {"mlx5_0:1": 1, "mlx5_1:1": 2}
     assert nccl_pkey.nccl_pkey_index([table("mlx5_0", "0xffff")], "0x8001")["missing"] == ["mlx5_0:1"]
+
+
+def test_source_build_is_the_pinned_tag_with_mpi_against_the_pinned_nccl() -> None:
+    """The build path the lab cannot run (no compiler on its nodes): its make line, rendered from the defaults."""
+    import jinja2
+    import yaml
+
+    role = ROOT / "roles" / "nccl"
+    facts = {"nccl_version": "2.21.5", "cuda_version": "12.4.1", "ansible_facts": {"processor_vcpus": 8}}
+    values: dict[str, Any] = {**yaml.safe_load((role / "defaults" / "main.yml").read_text()),
+                              **yaml.safe_load((role / "vars" / "main.yml").read_text()), **facts}
+    env = jinja2.Environment(undefined=jinja2.StrictUndefined)
+
+    def render(value: Any) -> Any:
+        for _ in range(5):  # defaults refer to each other
+            if not isinstance(value, str) or "{{" not in value:
+                return value
+            value = env.from_string(value).render(**{k: v for k, v in values.items() if k != "nccl_ib_pkey_ports"})
+        return value
+
+    for key in ("nccl_cuda_version", "nccl_cuda_short", "nccl_tests_source_dir", "nccl_tests_source_url"):
+        values[key] = render(values[key])
+    tasks = yaml.safe_load((role / "tasks" / "build_tests.yml").read_text())
+    make = next(t for t in tasks if t["name"] == "Compile nccl-tests")["ansible.builtin.command"]
+    argv = [str(render(a)) for a in make["argv"]]
+    assert argv[0] == "make" and "MPI=1" in argv and "NCCL_HOME=/usr" in argv
+    assert "MPI_HOME=/usr/lib/x86_64-linux-gnu/openmpi" in argv and "CUDA_HOME=/usr/local/cuda" in argv
+    assert values["nccl_tests_source_url"].endswith("/v2.13.10.tar.gz")
+    assert values["nccl_tests_source_dir"].strip() == "/usr/local/src/nccl-tests-2.13.10-nccl2.21.5-cuda12.4-mpi"
+    assert render(make["creates"]).startswith(values["nccl_tests_source_dir"])
+    assert values["nccl_tests_build_from_source"] is True and values["nccl_mpi_packages"] == ["openmpi-bin",
+                                                                                              "libopenmpi-dev"]
