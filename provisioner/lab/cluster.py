@@ -166,6 +166,10 @@ LAB_SITE_VARS: dict[str, bool | str] = {
     "nfs_client_userspace_tools": True,
     # a lab has no NFS clients whose locks need reclaiming; without this, opens fail for 90 s after each restart
     "nfs_server_ganesha_graceless": True,
+    # The nodes have no compiler toolchain (make, g++, a real nvcc): they install the lab repository's
+    # "site-built" nccl-tests package (an MPI build) instead of compiling the pinned tag, which the lab cannot
+    # prove (docs/lab-hardware-model.md, "nccl-tests and Open MPI").
+    "nccl_tests_build_from_source": False,
 }
 """What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
 

@@ -56,7 +56,8 @@ ExecStartPre=/usr/sbin/sshd -t
 
 LAB_LIB_DIR = "/usr/lib/provisioner-lab"
 SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod")
-LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_perftest.py", "fabsim_nccl.py", "fabsim_sm.py")
+LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_perftest.py", "fabsim_nccl.py", "fabsim_mpi.py",
+               "fabsim_sm.py")
 """Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
 MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover")
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""

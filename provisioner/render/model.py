@@ -42,22 +42,45 @@ def _spec_relative(cluster: Cluster, p: str | None) -> str | None:
 
 
 def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
-    """The /etc/nccl.conf settings the spec implies for this node (sites may override per key)."""
+    """The /etc/nccl.conf settings the spec implies for this node (sites may override per key).
+
+    NCCL_IB_HCA: NCCL strips one leading ``^`` then one ``=`` for the *whole* list and splits ``dev:port``
+    entries on commas (net_ib.cc), so the list is ``=mlx5_0:1,mlx5_1:1`` (exact names, all rails).
+    NCCL_NET_GDR_LEVEL only when the profile asks, or PHB on a GPU board without NVSwitch (LOC without GPUs).
+    NCCL_TOPO_FILE and NCCL_IB_PKEY are set by the nccl role (the file it installs, the P_Key index it reads
+    on the node), not here.
+    """
     env: dict[str, str] = {}
     rails = sorted((p for p in node.rail_ports), key=lambda p: (p.rail if p.rail is not None else 99, p.device))
-    if rails:
-        env["NCCL_IB_HCA"] = ",".join(f"={p.device}:{p.port}" for p in rails)
-        env["NCCL_NET_GDR_LEVEL"] = "PHB" if node.gpu_count else "LOC"
     prof = cluster.spec.profiles[node.profile]
+    if rails:
+        env["NCCL_IB_HCA"] = "=" + ",".join(f"{p.device}:{p.port}" for p in rails)
+        if prof.nccl_net_gdr_level:
+            env["NCCL_NET_GDR_LEVEL"] = prof.nccl_net_gdr_level
+        elif not node.nvswitch:
+            env["NCCL_NET_GDR_LEVEL"] = "PHB" if node.gpu_count else "LOC"
     if prof.management_interface:
         env["NCCL_SOCKET_IFNAME"] = prof.management_interface
     roce = cluster.spec.fabric.roce
     if cluster.spec.fabric.type == "roce" and roce is not None:
         env["NCCL_IB_GID_INDEX"] = str(roce.gid_index)
         env["NCCL_IB_TC"] = str(roce.traffic_class)
-    if prof.nccl_topology_file:
-        env["NCCL_TOPO_FILE"] = "/etc/nccl/topology.xml"
     return env
+
+
+def _nccl_pkey(cluster: Cluster, node: Node) -> str | None:
+    """P_Key NCCL should use on a GPU node: the first partition (spec order) it is a full member of.
+
+    NCCL_IB_PKEY takes the *index* in the port's P_Key table (net_ib.cc: ``qpAttr.pkey_index``), which the
+    SM decides; the nccl role looks the key up in /sys/class/infiniband/<dev>/ports/<n>/pkeys/ on the node.
+    """
+    if not node.gpu_count or not node.rail_ports or cluster.spec.fabric.type != "infiniband":
+        return None
+    for part in cluster.spec.fabric.partitions:
+        full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
+        if full and node.name in members(part.members, cluster):
+            return f"{part.pkey & 0x7FFF | 0x8000:#06x}"
+    return None
 
 
 def _roce_profile_vars(cluster: Cluster, node: Node) -> dict[str, Any]:
@@ -165,6 +188,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
                                              if spec.software.fabric_manager is not None else n.nvswitch),
             "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),
             "nccl_conf": _nccl_env(cluster, n),
+            **({"nccl_topo_file": _spec_relative(cluster, spec.profiles[pname].nccl_topology_file)}
+               if spec.profiles[pname].nccl_topology_file else {}),
             **_roce_profile_vars(cluster, n),
         }
 
@@ -177,6 +202,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "nfs_server_exports": exports_by_host.get(n.name, []),
             "lustre_client_mounts": lustre_by_host.get(n.name, []),
             "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["member_set"]],
+            "nccl_ib_pkey": _nccl_pkey(cluster, n),
         }
         hv.update({k: v for k, v in optional.items() if v})
         if n.name in sm_nodes:
@@ -201,6 +227,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "ansible_user": spec.ssh.user,
         "ansible_port": spec.ssh.port,
         "ansible_ssh_common_args": ssh_args,
+        "provisioner_known_hosts": known_hosts,
         "ansible_python_interpreter": "/usr/bin/python3",
         "provisioner_cluster": spec.cluster.name,
         "provisioner_os": spec.cluster.os,

@@ -89,6 +89,8 @@ class Profile(Strict):
     management_interface: NetDev | None = Field(None, description="Netdev of the management network.")
     storage_interface: NetDev | None = Field(None, description="Netdev used for NFS over TCP, if not management.")
     nccl_topology_file: LocalPath | None = Field(None, description="NCCL topology XML to install (NCCL_TOPO_FILE).")
+    nccl_net_gdr_level: Literal["LOC", "PIX", "PXB", "PHB", "SYS"] | None = Field(
+        None, description="NCCL_NET_GDR_LEVEL; unset leaves NCCL's choice on NVSwitch boards (PHB on others).")
 
 
 class NodeGroup(Strict):

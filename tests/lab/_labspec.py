@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shlex
+from collections.abc import Callable, Sequence
 
 from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
 
@@ -50,3 +52,19 @@ def fabric(count: int = 3) -> tuple[list[LabSwitch], list[LabCable]]:
         LabCable(f"gpu{i:02d}", f"mlx5_{r}", 1, f"leaf{r}", i) for i in range(1, count + 1) for r in (0, 1)
     ]
     return switches, cables
+
+
+MPI_PACKAGES = "openmpi-bin libopenmpi-dev"
+"""The OS's Open MPI the nccl role installs (in the lab: stand-ins from the lab repository)."""
+
+
+def mpi_trust(run: Callable[[str, str], str], gpu_nodes: Sequence[str], known_hosts: str) -> None:
+    """What the nccl role's mpi_ssh.yml does, over the trusted local channel: every GPU node gets the lab's
+    verified known_hosts as /etc/ssh/ssh_known_hosts and a root key of its own, authorised on the others."""
+    keys = []
+    for host in gpu_nodes:
+        run(host, f"printf '%s' {shlex.quote(known_hosts)} > /etc/ssh/ssh_known_hosts && mkdir -p -m 700 /root/.ssh"
+                  " && { [ -f /root/.ssh/id_ed25519 ] || ssh-keygen -q -t ed25519 -N '' -f /root/.ssh/id_ed25519; }")
+        keys.append(run(host, "cat /root/.ssh/id_ed25519.pub").strip())
+    for host in gpu_nodes:
+        run(host, f"printf '%s\\n' {' '.join(shlex.quote(k) for k in keys)} >> /root/.ssh/authorized_keys")

@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _labspec import APT, APT_PINS  # type: ignore[import-not-found]
+import yaml
+from _labspec import APT, APT_PINS, MPI_PACKAGES, mpi_trust  # type: ignore[import-not-found]
 
 from provisioner.errors import LabError
 from provisioner.fabric.findings import Finding
@@ -54,7 +55,8 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed", "sm": "opensm doca-ofed"}
+PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES}",
+            "sm": "opensm doca-ofed"}
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
 
 
@@ -122,6 +124,8 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     info = lab.lab_up(NAME, lab_nodes(base), lab_switches(base), lab_cables(base), versions=lab_versions(base))
     with ThreadPoolExecutor(max_workers=len(HOSTS)) as pool:
         list(pool.map(_converge, HOSTS))
+    known_hosts = yaml.safe_load(info.overlay.read_text())["ssh"]["known_hosts"]
+    mpi_trust(sh, GPU_NODES, Path(known_hosts).read_text(encoding="utf-8"))  # what the nccl role sets up
     _start_sm("sm1")
     cluster, _ = load_cluster(spec, info.overlay)
     wait_for("every port Active under sm1", lambda: _all_active(cluster))

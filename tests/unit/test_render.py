@@ -65,7 +65,7 @@ def test_inventory_groups_and_vars() -> None:
     assert inv.groups["leaf_rail0"] == [f"gpu0{i}" for i in range(1, 9)] + ["sm1", "sm2"]
     hv = inv.hostvars["gpu03"]
     pv = inv.groupvars["profile_hgx_h100"]
-    assert pv["nccl_conf"]["NCCL_IB_HCA"] == ",".join(f"=mlx5_{i}:1" for i in range(8))
+    assert pv["nccl_conf"]["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
     assert pv["nvidia_driver_fabric_manager"] is True and pv["nvidia_peermem_enabled"] is True
     assert inv.groupvars["profile_mgmt"]["nvidia_driver_enabled"] is False
     assert hv["nfs_client_mounts"][0]["transport"] == "rdma"
@@ -118,3 +118,30 @@ def unwrap(value: object) -> object:
     if isinstance(value, list):
         return [unwrap(v) for v in value]
     return value
+
+
+def test_nccl_settings_follow_the_spec_and_nccl_rules(tmp_path: Path) -> None:
+    from provisioner.lab.simtools import fabsim_nccl
+
+    text = (ROOT / "examples" / "h100-ndr-8node.yaml").read_text()
+    cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
+    inv = build_inventory(cluster)
+    conf = inv.groupvars["profile_hgx_h100"]["nccl_conf"]
+    # NCCL strips one '=' for the whole list (net_ib.cc): every rail must survive NCCL's own filter
+    assert conf["NCCL_IB_HCA"] == "=" + ",".join(f"mlx5_{i}:1" for i in range(8))
+    node = {"hcas": [{"device": f"mlx5_{i}", "port": 1, "state": "active", "phys_state": "linkup"} for i in range(12)]}
+    assert [h["device"] for h in fabsim_nccl.select_hcas(node, conf)] == [f"mlx5_{i}" for i in range(8)]
+    assert "NCCL_NET_GDR_LEVEL" not in conf  # NVSwitch board: NCCL's own choice unless the spec asks
+    # the compute partition: NCCL_IB_PKEY is an index the role finds on the node; render passes the key
+    assert inv.hostvars["gpu03"]["nccl_ib_pkey"] == "0x8001" and "nccl_ib_pkey" not in inv.hostvars["sm1"]
+    spec = tmp_path / "c.yaml"
+    (tmp_path / "topo.xml").write_text("<system/>\n")
+    spec.write_text(text.replace("    gpu: {model: H100-SXM5-80GB, count: 8, nvswitch: true}",
+                                 "    gpu: {model: H100-SXM5-80GB, count: 8, nvswitch: true}\n"
+                                 "    nccl_topology_file: topo.xml\n    nccl_net_gdr_level: PXB"))
+    (tmp_path / "keys").mkdir()
+    changed, _ = load_cluster(spec)
+    pv = build_inventory(changed).groupvars["profile_hgx_h100"]
+    assert pv["nccl_conf"]["NCCL_NET_GDR_LEVEL"] == "PXB"
+    # one source of truth for the topology file: the role installs it and points NCCL_TOPO_FILE there
+    assert "NCCL_TOPO_FILE" not in pv["nccl_conf"] and pv["nccl_topo_file"] == str(tmp_path / "topo.xml")

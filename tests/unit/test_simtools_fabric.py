@@ -106,6 +106,9 @@ def lab(tmp_path: Path) -> Path:
     libdir = tmp_path / "lib"
     libdir.mkdir()
     (libdir / "nvidia-driver.version").write_text("550.90.07\n")
+    (libdir / "nccl.version").write_text('{"version": "2.21.5", "cuda": "12.4"}\n')
+    for host in ("gpu01", "gpu02"):
+        (tmp_path / "sysroot" / host / "etc").mkdir(parents=True)
     return root
 
 
@@ -116,6 +119,9 @@ def env_for(lab: Path, host: str, **extra: str) -> dict[str, str]:
         PROVISIONER_LAB_HOST=host,
         PROVISIONER_LAB_LIBDIR=str(lab.parent / "lib"),
         PROVISIONER_LAB_RUN_ID="run-1",
+        PROVISIONER_LAB_SYSROOT=str(lab.parent / "sysroot" / host),
+        PROVISIONER_LAB_NCCL_WAIT_S="20",
+        PATH=f"{TOOLS}:{os.environ.get('PATH', '/usr/bin:/bin')}",
     )
     env.update(extra)
     return env
@@ -289,19 +295,47 @@ def avg_busbw(text: str) -> float:
     return float(match.group(1))
 
 
+def shim_agent(lab: Path) -> Path:
+    """An rsh agent for tests: runs the remote command here, playing the named host (its own sysroot)."""
+    agent = lab.parent / "lab-rsh"
+    agent.write_text(
+        "#!/bin/sh\nhost=\"$1\"; shift\n"
+        f"PROVISIONER_LAB_HOST=\"$host\" PROVISIONER_LAB_SYSROOT=\"{lab.parent}/sysroot/$host\" exec sh -c \"$*\"\n"
+    )
+    agent.chmod(0o755)
+    return agent
+
+
+def mpirun(lab: Path, *args: str, hosts: str = "gpu01:2,gpu02:2", **extra: str) -> subprocess.CompletedProcess[str]:
+    """The stand-in mpirun on gpu01, reaching gpu02 through the test agent (as --mca plm_rsh_agent)."""
+    argv = [PY, str(TOOLS / "mpirun"), "--allow-run-as-root", "--mca", "plm_rsh_agent", str(shim_agent(lab)),
+            "-H", hosts, *args]
+    return subprocess.run(argv, env=env_for(lab, "gpu01", **extra), capture_output=True, text=True, timeout=120)
+
+
+def conf(lab: Path, host: str, text: str, where: str = "etc/nccl.conf") -> None:
+    path = lab.parent / "sysroot" / host / where
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+
+
+PERF = ("all_reduce_perf", "-b", "8G", "-e", "8G", "-g", "1")
+
+
 def test_all_reduce_two_nodes_format_and_bandwidth(lab: Path) -> None:
     activate_all(lab)
-    result = run_tool(
-        lab, "gpu01", "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "2", NCCL_TESTS_HOSTS="gpu01,gpu02"
-    )
+    result = mpirun(lab, "all_reduce_perf", "-b", "1G", "-e", "8G", "-f", "2", "-g", "1")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0] == (
-        "# nThread 1 nGpus 2 minBytes 1073741824 maxBytes 8589934592 step: 2(factor)"
+        "# nThread 1 nGpus 1 minBytes 1073741824 maxBytes 8589934592 step: 2(factor)"
         " warmup iters: 5 iters: 20 agg iters: 1 validation: 1 graph: 0"
     )
-    assert sum(1 for line in lines if line.startswith("#  Rank ")) == 4
-    assert "#  Rank  2 Group  0 Pid" in result.stdout and "on      gpu02 device  0 [0x18]" in result.stdout
+    assert lines.count(lines[0]) == 1  # one MPI job: rank 0 alone prints
+    ranks = [line for line in lines if line.startswith("#  Rank ")]
+    assert len(ranks) == 4
+    assert re.match(r"#  Rank  2 Group  0 Pid +\d+ on      gpu02 device  0 \[0x18\] NVIDIA H100", ranks[2])
+    assert "on      gpu02 device  1 [0x19]" in ranks[3]
     assert (
         "#       size         count      type   redop    root     time   algbw   busbw #wrong"
         "     time   algbw   busbw #wrong"
@@ -314,53 +348,177 @@ def test_all_reduce_two_nodes_format_and_bandwidth(lab: Path) -> None:
     assert 85.0 < avg_busbw(result.stdout) < 96.0
 
 
+def test_nccl_ib_hca_is_parsed_like_net_ib() -> None:
+    node = {"hcas": [
+        {"device": d, "port": 1, "state": "active", "phys_state": "linkup", "link_layer": "InfiniBand"}
+        for d in ("mlx5_0", "mlx5_1", "mlx5_10", "mlx5_2")
+    ]}
+
+    def chosen(value: str | None) -> list[str]:
+        settings = {} if value is None else {"NCCL_IB_HCA": value}
+        return [h["device"] for h in fabsim_nccl.select_hcas(node, settings)]
+
+    assert chosen(None) == ["mlx5_0", "mlx5_1", "mlx5_10", "mlx5_2"]
+    # one '=' for the whole list: "=mlx5_1" is taken as a device name and matches nothing
+    assert chosen("=mlx5_0:1,=mlx5_1:1,=mlx5_2:1") == ["mlx5_0"]
+    assert chosen("=mlx5_0:1,mlx5_1:1,mlx5_2:1") == ["mlx5_0", "mlx5_1", "mlx5_2"]
+    assert chosen("mlx5_1") == ["mlx5_1", "mlx5_10"]  # a prefix without '='
+    assert chosen("^mlx5_1") == ["mlx5_0", "mlx5_2"]
+    assert chosen("^=mlx5_1") == ["mlx5_0", "mlx5_10", "mlx5_2"]
+    assert chosen("=mlx5_0:2") == []  # port given and wrong
+    assert chosen("") == ["mlx5_0", "mlx5_1", "mlx5_10", "mlx5_2"]
+    node["hcas"][0]["state"] = "init"
+    assert chosen("=mlx5_0") == []  # only Active ports
+    assert chosen(None) and fabsim_nccl.select_hcas(node, {"NCCL_IB_DISABLE": "1"}) == []
+
+
+def test_nccl_settings_come_from_env_then_user_file_then_etc(lab: Path, tmp_path: Path, monkeypatch: Any) -> None:
+    sysroot = tmp_path / "sysroot" / "gpu01"
+    monkeypatch.setenv("PROVISIONER_LAB_SYSROOT", str(sysroot))
+    home = Path(fabsim_nccl.pwd.getpwuid(os.getuid()).pw_dir)
+    conf(lab, "gpu01", "NCCL_IB_HCA=etc\nNCCL_IB_TC=106\n# NCCL_DEBUG=INFO\nno equals sign\n")
+    conf(lab, "gpu01", "NCCL_IB_HCA=home\nNCCL_IB_GID_INDEX=3\n", str(home / ".nccl.conf").lstrip("/"))
+    conf(lab, "gpu01", "NCCL_IB_HCA=custom\n", "opt/custom.conf")
+    got = fabsim_nccl.nccl_settings({"NCCL_IB_TC": "41"}, "2.21.5")
+    assert (got["NCCL_IB_HCA"], got["NCCL_IB_TC"], got["NCCL_IB_GID_INDEX"]) == ("home", "41", "3")
+    assert got["# NCCL_DEBUG"] == "INFO"  # setEnvFile has no comments
+    # NCCL_CONF_FILE replaces ~/.nccl.conf from NCCL 2.23 on; 2.21 ignores it
+    assert fabsim_nccl.nccl_settings({"NCCL_CONF_FILE": "/opt/custom.conf"}, "2.21.5")["NCCL_IB_HCA"] == "home"
+    newer = fabsim_nccl.nccl_settings({"NCCL_CONF_FILE": "/opt/custom.conf"}, "2.23.4")
+    assert newer["NCCL_IB_HCA"] == "custom" and "NCCL_IB_GID_INDEX" not in newer
+    assert fabsim_nccl.nccl_settings({"NCCL_IB_HCA": ""}, "2.21.5")["NCCL_IB_HCA"] == ""  # set, even empty
+
+
+def test_all_reduce_carries_traffic_only_on_the_hcas_nccl_selects(lab: Path) -> None:
+    activate_all(lab)
+    for host in ("gpu01", "gpu02"):  # how provision render wrote NCCL_IB_HCA before
+        conf(lab, host, "NCCL_IB_HCA==mlx5_0:1,=mlx5_1:1\n")
+    old = mpirun(lab, "-x", "NCCL_DEBUG=INFO", "-x", "NCCL_DEBUG_SUBSYS=INIT,NET", *PERF)
+    assert old.returncode == 0, old.stderr
+    for host in ("gpu01", "gpu02"):
+        conf(lab, host, "NCCL_IB_HCA==mlx5_0:1,mlx5_1:1\n")
+    new = mpirun(lab, "-x", "NCCL_DEBUG=INFO", "-x", "NCCL_DEBUG_SUBSYS=INIT,NET", *PERF)
+    assert new.returncode == 0, new.stderr
+    assert 0.45 < avg_busbw(old.stdout) / avg_busbw(new.stdout) < 0.55
+    using = re.compile(r"^(gpu0\d):\d+:\d+ \[\d\] NCCL INFO NET/IB : Using (.*) ; OOB \S+:\S+<0>$", re.M)
+    assert sorted(using.findall(old.stdout)) == [("gpu01", "[0]mlx5_0:1/IB")] * 2 + [("gpu02", "[0]mlx5_0:1/IB")] * 2
+    assert {u for _, u in using.findall(new.stdout)} == {"[0]mlx5_0:1/IB [1]mlx5_1:1/IB"}
+    assert "NCCL INFO NCCL_IB_HCA set to =mlx5_0:1,mlx5_1:1" in new.stdout
+    assert new.stdout.count("NCCL version 2.21.5+cuda12.4") == 1
+    quiet = mpirun(lab, *PERF)  # NCCL_DEBUG unset: no INFO lines
+    assert " NCCL INFO " not in quiet.stdout and avg_busbw(quiet.stdout) == pytest.approx(avg_busbw(new.stdout), 0.05)
+    conf(lab, "gpu02", "NCCL_IB_HCA=mlx5_9\n")  # matches nothing on gpu02: sockets
+    sock = mpirun(lab, "-x", "NCCL_DEBUG=INFO", *PERF)
+    assert "gpu02" in sock.stdout and "NCCL INFO NET/IB : No device found." in sock.stdout
+    assert avg_busbw(sock.stdout) < 2.0
+
+
 def test_all_reduce_rail_down_and_no_peermem_lower(lab: Path) -> None:
     activate_all(lab)
-    args = ("-b", "8G", "-e", "8G", "-g", "2")
-    full = avg_busbw(run_tool(lab, "gpu01", "all_reduce_perf", *args, NCCL_TESTS_HOSTS="gpu01,gpu02").stdout)
+    full = avg_busbw(mpirun(lab, *PERF).stdout)
     set_port(lab, "gpu02", 1, state="down", phys_state="polling")
-    one_rail = avg_busbw(run_tool(lab, "gpu01", "all_reduce_perf", *args, NCCL_TESTS_HOSTS="gpu01,gpu02").stdout)
+    one_rail = avg_busbw(mpirun(lab, *PERF).stdout)
     assert 0.45 < one_rail / full < 0.55
     set_port(lab, "gpu02", 1, state="active", phys_state="linkup")
     labstate.save_modules(str(lab), "gpu01", ["mlx5_core"])
-    no_gdr = avg_busbw(run_tool(lab, "gpu01", "all_reduce_perf", *args, NCCL_TESTS_HOSTS="gpu01,gpu02").stdout)
+    no_gdr = avg_busbw(mpirun(lab, *PERF).stdout)
     assert 0.45 < no_gdr / full < 0.55
 
 
-def test_all_reduce_single_node_uses_nvlink_and_mpi_rank_quiet(lab: Path) -> None:
+def test_all_reduce_without_launcher_is_one_process_on_one_node(lab: Path) -> None:
+    activate_all(lab)
     result = run_tool(lab, "gpu01", "all_reduce_perf", "-b", "8G", "-e", "8G", "-g", "2")
     assert result.returncode == 0, result.stderr
+    assert sum(1 for line in result.stdout.splitlines() if line.startswith("#  Rank ")) == 2
+    assert "gpu02" not in result.stdout
     assert 450.0 < avg_busbw(result.stdout) < 490.0
-    quiet = run_tool(
-        lab,
-        "gpu02",
-        "all_reduce_perf",
-        "-g",
-        "1",
-        OMPI_COMM_WORLD_SIZE="2",
-        OMPI_COMM_WORLD_RANK="1",
-        NCCL_TESTS_HOSTS="gpu01,gpu02",
-    )
-    assert quiet.returncode == 0 and quiet.stdout == ""
+    one = run_tool(lab, "gpu01", "all_reduce_perf", "-b", "8G", "-e", "8G", "-g", "1")
+    assert avg_busbw(one.stdout) == 0.0  # one rank: nothing to reduce across
+    missing = run_tool(lab, "gpu01", "all_reduce_perf", "-g", "4")
+    assert missing.returncode == 1 and "invalid device ordinal" in missing.stderr
 
 
-def test_all_reduce_fails_on_flapping_rail_and_without_driver(lab: Path) -> None:
+def test_all_reduce_fails_on_flapping_rail_and_without_driver_or_nccl(lab: Path) -> None:
     activate_all(lab)
     set_port(lab, "gpu02", 0, flapping=True)
     codes = set()
     for run in ("a", "b", "c", "d", "e", "f"):
-        res = run_tool(
-            lab, "gpu01", "all_reduce_perf", "-g", "2", NCCL_TESTS_HOSTS="gpu01,gpu02", PROVISIONER_LAB_RUN_ID=run
-        )
+        res = mpirun(lab, "all_reduce_perf", "-g", "1", PROVISIONER_LAB_RUN_ID=run)
         codes.add(res.returncode)
         if res.returncode:
             assert "NCCL WARN NET/IB : Got completion from peer" in res.stderr
             assert "Test NCCL failure" in res.stderr
+            assert "mpirun detected that one or more processes exited with non-zero status" in res.stderr
+        if codes == {0, 1}:
+            break
     assert codes == {0, 1}
     (lab.parent / "lib" / "nvidia-driver.version").unlink()
     res = run_tool(lab, "gpu01", "all_reduce_perf")
     assert res.returncode == 1
     assert "Test CUDA failure" in res.stderr
+    (lab.parent / "lib" / "nccl.version").unlink()
+    res = run_tool(lab, "gpu01", "all_reduce_perf")
+    assert res.returncode == 127 and "libnccl.so.2: cannot open shared object file" in res.stderr
+
+
+def test_all_reduce_pkey_index_must_name_a_shared_partition(lab: Path) -> None:
+    activate_all(lab)
+    for host in ("gpu01", "gpu02"):
+        node = labstate.load_node(str(lab), host)
+        for port in node["hcas"]:
+            port["pkeys"] = ["0x7fff", "0x8001"]  # limited member of the default partition, full of 0x8001
+        labstate.save_node(str(lab), node)
+    default = mpirun(lab, "all_reduce_perf", "-g", "1")
+    assert default.returncode == 1 and "Got completion from peer" in default.stderr  # two limited members
+    assert mpirun(lab, "-x", "NCCL_IB_PKEY=1", "all_reduce_perf", "-g", "1").returncode == 0
+    bad = mpirun(lab, "-x", "NCCL_IB_PKEY=5", "all_reduce_perf", "-g", "1")
+    assert bad.returncode == 1 and "Call to ibv_modify_qp failed with error Invalid argument" in bad.stderr
+
+
+# ---------------------------------------------------------------- the stand-in mpirun (Open MPI 4.1)
+
+
+def test_mpirun_refuses_root_without_the_flag(lab: Path) -> None:
+    argv = [PY, str(TOOLS / "mpirun"), "-np", "1", "true"]
+    res = subprocess.run(argv, env=env_for(lab, "gpu01"), capture_output=True, text=True, timeout=30)
+    if os.geteuid() != 0:
+        pytest.skip("needs root to see the refusal")
+    assert res.returncode == 1 and "mpirun has detected an attempt to run as root" in res.stderr
+    ok = subprocess.run(argv, env=env_for(lab, "gpu01", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1"),
+                        capture_output=True, text=True, timeout=30)
+    assert ok.returncode == 0, ok.stderr
+
+
+def test_mpirun_hostfile_slots_mapping_and_env(lab: Path) -> None:
+    hostfile = lab.parent / "hosts"
+    hostfile.write_text("# two nodes\ngpu01 slots=2\ngpu02 slots=2 max_slots=2\n")
+    show = ["sh", "-c", 'echo "$PROVISIONER_LAB_HOST $OMPI_COMM_WORLD_RANK/$OMPI_COMM_WORLD_SIZE'
+            ' $OMPI_COMM_WORLD_LOCAL_RANK/$OMPI_COMM_WORLD_LOCAL_SIZE $PMIX_NAMESPACE $FROM_X $OMPI_MCA_a_b"']
+    res = mpirun(lab, "--hostfile", str(hostfile), "-x", "FROM_X=yes", "--mca", "a_b", "c", *show, hosts="x")
+    assert res.returncode == 0, res.stderr
+    got = sorted(line.split() for line in res.stdout.splitlines())
+    assert [g[:3] for g in got] == [["gpu01", "0/4", "0/2"], ["gpu01", "1/4", "1/2"],
+                                    ["gpu02", "2/4", "0/2"], ["gpu02", "3/4", "1/2"]]
+    assert len({g[3] for g in got}) == 1 and {g[4] for g in got} == {"yes"} and {g[5] for g in got} == {"c"}
+    ppr = mpirun(lab, "--hostfile", str(hostfile), "--map-by", "ppr:1:node", *show, hosts="x")
+    assert sorted(line.split()[:2] for line in ppr.stdout.splitlines()) == [["gpu01", "0/2"], ["gpu02", "1/2"]]
+    too_many = mpirun(lab, "--hostfile", str(hostfile), "-np", "5", "true", hosts="x")
+    assert too_many.returncode == 1 and "There are not enough slots available in the system" in too_many.stderr
+    npernode = mpirun(lab, "-N", "1", "-np", "3", "true")
+    assert npernode.returncode == 1 and "more processes than the ppr" in npernode.stderr
+
+
+def test_mpirun_reports_daemons_that_cannot_start_and_failing_ranks(lab: Path) -> None:
+    agent = lab.parent / "refuse"
+    agent.write_text("#!/bin/sh\necho 'Host key verification failed.' >&2\nexit 255\n")
+    agent.chmod(0o755)
+    argv = [PY, str(TOOLS / "mpirun"), "--allow-run-as-root", "--mca", "plm_rsh_agent", str(agent),
+            "-H", "gpu01,gpu02", "true"]
+    res = subprocess.run(argv, env=env_for(lab, "gpu01"), capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1
+    assert "Host key verification failed." in res.stderr and "ORTE was unable to reliably start" in res.stderr
+    fail = mpirun(lab, "sh", "-c", 'exit "$OMPI_COMM_WORLD_RANK"', hosts="gpu01,gpu02")
+    assert fail.returncode == 1 and "Process name: [[" in fail.stderr and "Exit code:    1" in fail.stderr
 
 
 def test_nccl_sizes_and_time_format() -> None:
@@ -540,10 +698,26 @@ def test_outputs_parse_with_product_parsers(lab: Path) -> None:
     _s, client = perftest_pair(lab, ["--report_gbits"], ["--report_gbits"])
     perf = parsers.parse("perftest", client.stdout)
     assert perf["ok"] and 388.0 < perf["bw_avg_gbps"] < 396.0
-    nccl = run_tool(lab, "gpu01", "all_reduce_perf", "-b", "8G", "-e", "8G", "-g", "2", NCCL_TESTS_HOSTS="gpu01,gpu02")
+    nccl = mpirun(lab, "-x", "NCCL_DEBUG=INFO", *PERF)
     assert parsers.parse("nccl-tests", nccl.stdout)["avg_busbw_gbs"] == avg_busbw(nccl.stdout)
     assert parsers.parse("iblinkinfo", run_tool(lab, "gpu01", "iblinkinfo").stdout)
     text = "sminfo: sm lid 1 sm guid 0xa088c20300010000, activity count 5 priority 14 state 3 SMINFO_MASTER\n"
     record = {"lid": 1, "guid": "0xa088c20300010000", "activity_count": 5, "priority": 14, "state": "master"}
     assert fabsim_sm.sminfo_text(1, [record]) == text.rstrip("\n")
     assert parsers.parse("sminfo", text)
+
+
+def test_sm_programs_pkey_tables_from_partitions_conf(lab: Path) -> None:
+    text = ("Default=0x7fff, ipoib : ALL=limited, SELF=full ;\n"
+            "training=0x0001, ipoib : 0xa088c20300010000=full, 0xa088c20300020000=full, 0xa088c20300020001=limited ;\n")
+    parts = fabsim_sm.parse_partitions(text)
+    assert fabsim_sm.pkey_table(parts, "0xa088c20300010000", False) == ["0x7fff", "0x8001"]
+    assert fabsim_sm.pkey_table(parts, "0xa088c20300020001", False) == ["0x7fff", "0x0001"]
+    assert fabsim_sm.pkey_table(parts, "0x1", True) == ["0xffff"]
+    fabsim_sm.sweep(str(lab), 1, {}, ("gpu01", "mlx5_0", 1), parts)
+    def pkeys(host: str, dev: str) -> list[str]:
+        base = lab / "nodes" / host / "sys" / "class" / "infiniband" / dev / "ports" / "1" / "pkeys"
+        return [(base / str(i)).read_text().strip() for i in range(len(list(base.iterdir())))]
+
+    assert pkeys("gpu01", "mlx5_0") == ["0xffff", "0x8001"]  # the SM's own port: SELF=full
+    assert pkeys("gpu02", "mlx5_1") == ["0x7fff", "0x0001"] and pkeys("gpu01", "mlx5_1") == ["0x7fff"]

@@ -387,13 +387,20 @@ def test_rail_groups_keep_service_nodes_out() -> None:
 # ---------------------------------------------------------------- nccl
 
 
-def test_nccl_launch_mpirun_and_lab_convention() -> None:
-    argv, env = nccl.launch(["a", "b"], 8, "8G", mpirun=True, as_root=True)
-    assert argv[:3] == ["mpirun", "--allow-run-as-root", "-np"] and "16" in argv and "a:8,b:8" in argv
-    assert argv[-9:] == ["all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "1"] and env == {}
-    argv, env = nccl.launch(["a", "b", "c"], 2, "1G", mpirun=False, as_root=False)
-    assert argv[0] == "all_reduce_perf"
-    assert env == {"NCCL_TESTS_HOSTS": "a,b,c", "NCCL_TESTS_PROCS_PER_HOST": "2"}
+NCCL16 = IB.replace("count: 2}", "count: 8}").replace("gpu[01-04]", "gpu[01-02]").replace("0.[1-4]", "0.[1-2]")
+
+
+def test_nccl_launches_through_mpirun_with_a_hostfile() -> None:
+    argv = nccl.mpirun_argv("/tmp/h", 2, 8, "8G", as_root=True)
+    assert argv[:4] == ["mpirun", "--allow-run-as-root", "--hostfile", "/tmp/h"]
+    assert argv[argv.index("-np") + 1] == "16" and argv[argv.index("--map-by") + 1] == "ppr:8:node"
+    assert "NCCL_DEBUG=INFO" in argv and "NCCL_DEBUG_SUBSYS=INIT,NET" in argv
+    assert argv[-9:] == ["all_reduce_perf", "-b", "8", "-e", "8G", "-f", "2", "-g", "1"]
+    assert "--allow-run-as-root" not in nccl.mpirun_argv("/tmp/h", 2, 8, "8G", as_root=False)
+    assert "plm_rsh_args" not in argv and "-p 2222" in nccl.mpirun_argv("/h", 2, 8, "8G", as_root=False, ssh_port=2222)
+    sh = nccl.launch(["10.0.0.1", "10.0.0.2"], 4, "1G", as_root=False)
+    assert sh[:2] == ["sh", "-c"] and "'10.0.0.1 slots=4\n10.0.0.2 slots=4\n'" in sh[2]
+    assert ' --hostfile "$f" ' in sh[2] and "rm -f" in sh[2] and "NCCL_TESTS" not in sh[2]
 
 
 def test_nccl_busbw_is_read_at_the_largest_size_of_a_real_run() -> None:
@@ -401,21 +408,54 @@ def test_nccl_busbw_is_read_at_the_largest_size_of_a_real_run() -> None:
     assert bw == pytest.approx(338.82) and why == ""
 
 
+def test_nccl_counts_ranks_and_fails_when_they_are_not_nodes_times_gpus() -> None:
+    real = load("nccl-tests", "a3mega_16rank_allreduce.txt")  # 2 nodes x 8 H100
+    ok = nccl.check_nccl(cluster_from(NCCL16), lambda h, a, e: Completed(0, real, ""), mpirun=True, as_root=True)
+    assert ok.passed and ok.measurements["nranks"] == 16
+    # the same 16 ranks against 4 nodes x 2 GPUs: wrong job shape, even without a bandwidth floor
+    loose = IB.replace("verify: {nccl: {min_busbw_gbps: 80}}", "")
+    bad = nccl.check_nccl(cluster_from(loose), lambda h, a, e: Completed(0, real, ""), mpirun=True, as_root=True)
+    assert not bad.passed and bad.measurements["nranks"] == 16
+    assert any(f.expected == 8 and f.observed == 16 and "ranks" in f.message for f in bad.findings)
+    # an nccl-tests built without MPI under mpirun: one table per process, each its own rank 0
+    head, rest = real.split("#  Rank  0", 1)
+    single = head + "#  Rank  0" + rest.split("\n", 1)[0] + "\n" + rest.split("#\n#  ", 1)[-1]
+    assert nccl.observed_ranks(single * 16) == 1
+
+
+def test_nccl_names_the_rails_nccl_selected_from_real_lines() -> None:
+    lines = load("nccl-debug", "net_ib_selection_lines.txt")
+    assert nccl.selected_rails(lines) == {
+        "dgxh100-4": {("mlx5_10", 1), ("mlx5_11", 1)}, "dgxh100-3": {("mlx5_10", 1), ("mlx5_11", 1)},
+        "master_node": {("mlx5_0", 1)}, "e05r3n09": {("mlx5_3", 1), ("mlx5_2", 1), ("mlx5_1", 1), ("mlx5_0", 1)},
+        "ip-172-31-12-21": set()}
+    spec = ROCE.replace('"mlx5_[0-1]"', '"mlx5_[10-13]"').replace("n[1-4]", "dgxh100-[3-4]").replace("[1-4]", "[3-4]")
+    nodes = cluster_from(spec).nodes
+    assert len(nodes) == 2
+    found = nccl.rail_findings(nodes, lines)
+    assert [f.node for f in found] == ["dgxh100-3", "dgxh100-4"]
+    assert found[0].observed == "mlx5_10:1,mlx5_11:1" and found[0].expected == "mlx5_10:1,mlx5_11:1,mlx5_12:1,mlx5_13:1"
+    assert "=mlx5_0:1,mlx5_1:1" in found[0].hint
+    assert nccl.rail_findings(cluster_from(spec.replace("[10-13]", "[10-11]")).nodes, lines) == []
+
+
 def test_nccl_pass_and_slow_node_follow_up() -> None:
-    c = cluster_from(IB)
+    c = cluster_from(IB.replace("count: 2}", "count: 4}"))  # 4 nodes x 4 GPUs = the capture's 16 ranks
     real = load("nccl-tests", "a3mega_16rank_allreduce.txt")
-    ok = nccl.check_nccl(c, lambda hosts, argv, env: Completed(0, real, ""), mpirun=False, as_root=True)
+    ok = nccl.check_nccl(c, lambda hosts, argv, env: Completed(0, real, ""), mpirun=True, as_root=True)
     assert ok.passed and ok.measurements["busbw_gbps"] == pytest.approx(338.82)
 
     def runner(hosts: Any, argv: Any, env: dict[str, str]) -> Completed:
-        if "gpu02" in env["NCCL_TESTS_HOSTS"].split(","):
+        if "10.0.0.2 slots=" in argv[-1]:
             return Completed(1, "", "gpu02: Test NCCL failure common.cu:1005 'remote process exited'")
         return Completed(0, real, "")
 
-    bad = nccl.check_nccl(c, runner, mpirun=False, as_root=True)
+    bad = nccl.check_nccl(c, runner, mpirun=True, as_root=True)
     errors = [f for f in bad.findings if f.severity == "error"]
     assert errors[0].node is None and "failed" in errors[0].message
     assert [f.node for f in errors[1:]] == ["gpu02"] and "slow in NCCL" in errors[1].message
+    none = nccl.check_nccl(c, runner, mpirun=False, as_root=True)
+    assert not none.passed and none.error is not None and "mpirun" in none.error
 
 
 # ---------------------------------------------------------------- baseline, NHC

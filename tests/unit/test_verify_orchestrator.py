@@ -20,7 +20,7 @@ SPEC = """
 cluster: {name: rc, os: ubuntu-22.04}
 software: {driver: {version: "550.90.07"}, cuda: "12.4.1", nccl: "2.21.5", ofed: {flavor: mlnx_ofed, version: "23.07"}}
 profiles:
-  g: {gpu: {model: H100-SXM5-80GB, count: 2}, hcas: [{device: "mlx5_[0-1]", rate: 200, numa: 0}]}
+  g: {gpu: {model: H100-SXM5-80GB, count: 4}, hcas: [{device: "mlx5_[0-1]", rate: 200, numa: 0}]}
 nodes: [{name: "n[1-4]", address: "10.0.0.[1-4]", profile: g}]
 fabric: {type: roce, rate: 200, roce: {pfc_priority: 3, ecn: true}}
 verify: {tests: [links, bandwidth, nccl], nccl: {min_busbw_gbps: 80}, bandwidth: {duration: 1}}
@@ -76,10 +76,12 @@ class FakeRemote:
         if tool == "ib_write_bw":
             peer_host = next(h for h, a in ((n, f"10.0.0.{n[1:]}") for n in ("n1", "n2", "n3", "n4")) if a == argv[-1])
             return Completed(0, SLOW if {host, peer_host} & self.slow else FAST, "")
-        if tool == "all_reduce_perf":
-            if set((env or {})["NCCL_TESTS_HOSTS"].split(",")) & self.slow:
+        if tool == "sh" and "mpirun " in argv[-1] and " all_reduce_perf " in argv[-1]:
+            if any(f"10.0.0.{h[1:]} slots=" in argv[-1] for h in self.slow):
                 return Completed(1, "", "Test NCCL failure common.cu:1005 'remote process exited'")
-            return Completed(0, NCCL, "")
+            return Completed(0, NCCL, "")  # 16 ranks: 4 nodes x 4 GPUs
+        if argv[-1] == "command -v mpirun":
+            return Completed(0, "/usr/bin/mpirun\n", "")
         if tool == "ofed_info":
             return Completed(0, OFED, "")
         if tool == "nvidia-smi":
@@ -90,7 +92,7 @@ class FakeRemote:
             return Completed(0, json.dumps({"cuda": {"name": "CUDA SDK", "version": "12.4.1"}}), "")
         if "libnccl" in argv[-1]:
             return Completed(0, "/usr/lib/x86_64-linux-gnu/libnccl.so.2.21.5\n", "")
-        return Completed(1, "", "")  # command -v numactl / mpirun: absent
+        return Completed(1, "", "")  # command -v numactl: absent
 
     def run(self, host: str, argv: Sequence[str], timeout: float, env: Mapping[str, str] | None = None) -> Completed:
         return self._answer(host, argv, env)
@@ -139,8 +141,10 @@ def test_healthy_run_passes_writes_reports_and_stores_a_baseline(tmp_path: Path)
     assert json.loads((out / "inventory.json").read_text())["n1"]["mlx5_0/1"] == "0x5aa2e1fffedae626"
     assert (tmp_path / "verify" / "baseline.json").is_file()
     assert all(bg.killed for bg in remote.servers) and len(remote.servers) == 4  # 2 pairs × 2 rails
-    nccl_call = next(c for c in remote.calls if c[1][0] == "all_reduce_perf")
-    assert nccl_call[0] == "n1" and nccl_call[2]["NCCL_TESTS_HOSTS"] == "n1,n2,n3,n4"
+    nccl_call = next(c for c in remote.calls if "all_reduce_perf" in c[1][-1])
+    assert nccl_call[0] == "n1" and nccl_call[2] == {} and nccl_call[1][:2] == ("sh", "-c")
+    assert "10.0.0.1 slots=4\n10.0.0.2 slots=4\n10.0.0.3 slots=4\n10.0.0.4 slots=4\n" in nccl_call[1][2]
+    assert data["checks"][[c["name"] for c in data["checks"]].index("nccl")]["measurements"]["nranks"] == 16
 
 
 def test_slow_node_fails_with_the_node_named(tmp_path: Path) -> None:

@@ -375,7 +375,9 @@ def nccl_recipes(v: VendorVersions) -> list[PackageRecipe]:
             version=deb_ver,
             description="NVIDIA Collective Communication Library (NCCL) Runtime, lab stand-in",
             section="libs",
-            files=(lib,),
+            # the marker tells the simulated nccl-tests which NCCL it loaded ("NCCL version X+cudaY.Z")
+            files=(lib, _text(f"{LAB_LIB}/nccl.version",
+                              json.dumps({"version": v.nccl, "cuda": v.cuda_short}, sort_keys=True) + "\n")),
             links=(link,),
         ),
         PackageRecipe(
@@ -395,6 +397,42 @@ def nccl_recipes(v: VendorVersions) -> list[PackageRecipe]:
             depends=(f"libnccl2 (= {deb_ver})",),
             files=_present(*tests),
         ),
+    ]
+
+
+OPENMPI_DEB = "4.1.4-3+b1"
+"""Debian bookworm's Open MPI (openmpi-bin, libopenmpi-dev, libopenmpi3)."""
+
+
+def mpi_recipes() -> list[PackageRecipe]:
+    """Stand-ins for the OS's Open MPI: ``mpirun``/``orted`` (simulated, fabsim_mpi.py) and the headers.
+
+    On real sites these come from the OS repository; the lab's nodes are offline and reach only the lab's
+    repository, so it carries them under Debian's names and version.
+    """
+    libdir = "/usr/lib/x86_64-linux-gnu"
+    home = f"{libdir}/openmpi"
+    header = "/* provisioner lab stand-in for Open MPI 4.1's mpi.h */\n#define OMPI_MAJOR_VERSION 4\n" \
+             "#define OMPI_MINOR_VERSION 1\n#define OMPI_RELEASE_VERSION 4\n"
+    runtime = PackageRecipe(
+        name="libopenmpi3", version=OPENMPI_DEB, description="high performance message passing library, lab stand-in",
+        section="libs", files=(_placeholder(f"{libdir}/libmpi.so.40.30.4", "libmpi"),),
+        links=((f"{libdir}/libmpi.so.40", "libmpi.so.40.30.4"),))
+    return [
+        runtime,
+        PackageRecipe(
+            name="openmpi-bin", version=OPENMPI_DEB,
+            description="high performance message passing library -- binaries (mpirun, orted), lab stand-in",
+            section="net", depends=(f"libopenmpi3 (= {OPENMPI_DEB})",),
+            files=_present(_tool("mpirun", "/usr/bin/mpirun.openmpi"), _tool("orted", "/usr/bin/orted")),
+            links=(("/usr/bin/mpirun", "mpirun.openmpi"), ("/usr/bin/mpiexec", "mpirun.openmpi"),
+                   ("/usr/bin/orterun", "mpirun.openmpi"))),
+        PackageRecipe(
+            name="libopenmpi-dev", version=OPENMPI_DEB,
+            description="high performance message passing library -- header files, lab stand-in",
+            section="libdevel", depends=(f"libopenmpi3 (= {OPENMPI_DEB})",),
+            files=(_text(f"{home}/include/mpi.h", header),),
+            links=((f"{home}/lib/libmpi.so", "../../libmpi.so.40"),)),
     ]
 
 
@@ -540,4 +578,4 @@ WantedBy=multi-user.target
 
 def recipes_for(v: VendorVersions) -> list[PackageRecipe]:
     """Every stand-in package of one pinned software set."""
-    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *ofed_recipes(v)]
+    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v)]

@@ -421,8 +421,31 @@ def assign_lid(lids: dict[str, int], guid: str) -> int:
     return lid
 
 
-def sweep(root: str, master_lid: int, lids: dict[str, int], me: tuple[str, str, int]) -> int:
-    """Bring every cabled, physically linked-up IB port to Active with a LID; count changes."""
+def pkey_table(parts: list[dict[str, Any]], port_guid: object, is_sm: bool) -> list[str]:
+    """The P_Key table the SM programs into a port: one entry per partition it belongs to, in file order
+    (Default first), the 0x8000 bit for full members (opensm doc/partition-config.txt: ALL, SELF, port GUIDs;
+    full wins over limited)."""
+    table = []
+    guid = common.guid_int(port_guid)
+    for part in parts:
+        membership = None
+        for member in part.get("members", []):
+            who = str(member.get("member", ""))
+            if who == "ALL" or (who == "SELF" and is_sm) or (who.startswith("0x") and common.guid_int(who) == guid):
+                membership = "full" if "full" in (membership, member.get("membership")) else "limited"
+        if membership:
+            try:
+                key = int(str(part.get("pkey", "")), 16) & 0x7FFF
+            except ValueError:
+                continue
+            table.append(f"0x{key | (0x8000 if membership == 'full' else 0):04x}")
+    return table or [labstate.DEFAULT_PKEY]
+
+
+def sweep(root: str, master_lid: int, lids: dict[str, int], me: tuple[str, str, int],
+          parts: list[dict[str, Any]] | None = None) -> int:
+    """Bring every cabled, physically linked-up IB port to Active with a LID (and, given the partitions,
+    its P_Key table); count changes."""
     fabric = common.load_fabric_or_empty(root)
     cabled = cabled_ports(fabric)
     for switch in fabric.get("switches", []):
@@ -439,7 +462,10 @@ def sweep(root: str, master_lid: int, lids: dict[str, int], me: tuple[str, str, 
             if cabled is not None and key not in cabled and key != me:
                 continue
             lid = assign_lid(lids, str(hca.get("port_guid")))
-            want = {"state": "active", "lid": lid, "sm_lid": master_lid, "is_sm": key == me or bool(hca.get("is_sm"))}
+            want: dict[str, Any] = {"state": "active", "lid": lid, "sm_lid": master_lid,
+                                    "is_sm": key == me or bool(hca.get("is_sm"))}
+            if parts is not None:
+                want["pkeys"] = pkey_table(parts, hca.get("port_guid"), key == me)
             if any(hca.get(k) != v for k, v in want.items()):
                 hca.update(want)
                 dirty = True
@@ -633,7 +659,12 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
                         for line in engine_logs:
                             log.write(log_line(0x01, line) + "\n")
                     record["lid"] = assign_lid(lids, str(port.get("port_guid")))
-                    sweep(root, int(record["lid"]), lids, me)
+                    part_file = cfg.values.get("partition_config_file", "")
+                    parts = None
+                    if os.path.exists(part_file):
+                        with open(part_file, encoding="utf-8") as handle:
+                            parts = parse_partitions(handle.read())
+                    sweep(root, int(record["lid"]), lids, me, parts)
                     if first:
                         ar_cycles += 1
                         for line in routing_log_lines(engines[0], ar_cycles):
@@ -642,10 +673,7 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
                     record["state"] = "master"
                     labstate.atomic_write(my_file, json.dumps(record) + "\n")
                     labstate.atomic_write(os.path.join(sm_dir, "sm.json"), json.dumps(record) + "\n")
-                    part_file = cfg.values.get("partition_config_file", "")
-                    if os.path.exists(part_file):
-                        with open(part_file, encoding="utf-8") as handle:
-                            parts = parse_partitions(handle.read())
+                    if parts is not None:
                         labstate.atomic_write(os.path.join(sm_dir, "partitions.json"), json.dumps(parts) + "\n")
                     if first:
                         log.write(log_line(0x80, "SUBNET UP") + "\n")

@@ -307,9 +307,17 @@ def render_port(hca: dict[str, Any]) -> dict[str, str]:
         "cap_mask": f"0x{cap_mask:08x}\n",
         "link_layer": str(hca.get("link_layer", "InfiniBand")) + "\n",
         "gids/0": gid_from_guid(str(hca["port_guid"])) + "\n",
-        "pkeys/0": str(hca.get("pkey", DEFAULT_PKEY)) + "\n",
+        **{f"pkeys/{i}": f"{key}\n" for i, key in enumerate(pkey_entries(hca))},
         **{f"counters/{name}": f"{value}\n" for name, value in port_counters(hca).items()},
     }
+
+
+def pkey_entries(hca: Mapping[str, Any]) -> list[str]:
+    """The port's P_Key table: ``pkeys`` (what the SM programmed) or the single ``pkey`` at index 0."""
+    raw = hca.get("pkeys")
+    if isinstance(raw, list) and raw:
+        return [str(k) for k in raw]
+    return [str(hca.get("pkey", DEFAULT_PKEY))]
 
 
 def port_counters(hca: Mapping[str, Any]) -> dict[str, int]:
