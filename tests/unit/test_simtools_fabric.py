@@ -90,6 +90,11 @@ def make_node(
 
 @pytest.fixture()
 def lab(tmp_path: Path) -> Path:
+    return build_lab(tmp_path)
+
+
+def build_lab(tmp_path: Path) -> Path:
+    """Two nodes, two leaves, a driver and NCCL installed, an empty /etc per node (the ``lab`` fixture)."""
     root = tmp_path / "lab"
     make_node(root, "gpu01", 1)
     make_node(root, "gpu02", 2)
