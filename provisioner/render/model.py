@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner.render import ipoib as ipoib_render
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.rules import members
 
@@ -143,9 +144,11 @@ def build_inventory(cluster: Cluster) -> Inventory:
     # storage clients
     nfs_by_host: dict[str, list[dict[str, Any]]] = {}
     for m in spec.storage.nfs.mounts:
-        for h in members(m.on, cluster):
+        clients = members(m.on, cluster)
+        server = ipoib_render.nfs_server_address(cluster, m, clients)  # IPoIB for RDMA: RDMA-CM resolves it
+        for h in clients:
             nfs_by_host.setdefault(h, []).append({
-                "server": cluster.node(m.server).address, "server_name": m.server, "export": m.export,
+                "server": server, "server_name": m.server, "export": m.export,
                 "path": m.mount, "transport": m.transport, "version": m.version, "nconnect": m.nconnect,
                 "options": list(m.options), "automount": m.automount, "owner": m.owner, "mode": m.mode})
             add("nfs_clients", h)
@@ -157,19 +160,23 @@ def build_inventory(cluster: Cluster) -> Inventory:
     for lm in spec.storage.lustre:
         for h in members(lm.on, cluster):
             lustre_by_host.setdefault(h, []).append({
-                "fsname": lm.fsname, "mgs": list(lm.mgs), "path": lm.mount, "lnet": list(lm.lnet),
+                "fsname": lm.fsname, "mgs": list(lm.mgs), "path": lm.mount,
+                "lnet": ipoib_render.lustre_lnet(cluster, lm, h),
                 "options": list(lm.options)})
             add("lustre_clients", h)
 
     sm = spec.fabric.subnet_manager
     sm_nodes = {s.node: s for s in (sm.nodes if sm else [])}
     partitions: list[dict[str, Any]] = []
+    group_mtus = ipoib_render.ipoib_group_mtus(cluster)
     for part in spec.fabric.partitions:
         full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
         partitions.append({
             "name": part.name, "pkey": f"{part.pkey & 0x7FFF:#06x}", "membership": "full" if full else "limited",
             "members": members(part.members, cluster), "ipoib": part.ipoib,
             "member_set": set(members(part.members, cluster))})
+        if part.name in group_mtus:  # datagram IPoIB above 2044 bytes needs a 4096-byte IPoIB group
+            partitions[-1]["ipoib_mtu"] = group_mtus[part.name]
 
     # What every node of a profile shares goes to group_vars/profile_<name>.yml (small host_vars, fast renders).
     for pname in sorted({n.profile for n in cluster.nodes}):
@@ -193,7 +200,11 @@ def build_inventory(cluster: Cluster) -> Inventory:
             **_roce_profile_vars(cluster, n),
         }
 
+    ipoib_ifs = ipoib_render.ipoib_interfaces(cluster)
+    rdma_servers = ipoib_render.nfs_rdma_servers(cluster)
     for n in cluster.nodes:
+        if n.name in ipoib_ifs:
+            add("ipoib_nodes", n.name)
         hv: dict[str, Any] = {"ansible_host": n.address, "provisioner_profile": n.profile,
                               "provisioner_roles": list(n.roles)}
         optional: dict[str, Any] = {
@@ -203,6 +214,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "lustre_client_mounts": lustre_by_host.get(n.name, []),
             "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["member_set"]],
             "nccl_ib_pkey": _nccl_pkey(cluster, n),
+            "ipoib_interfaces": ipoib_ifs.get(n.name, []),
+            "nfs_server_rdma": n.name in rdma_servers,
         }
         hv.update({k: v for k, v in optional.items() if v})
         if n.name in sm_nodes:
@@ -255,12 +268,14 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "doca_ofed_flavor": spec.software.ofed.flavor,
         "doca_ofed_version": spec.software.ofed.version,
         "lustre_client_version": spec.software.lustre_client,
+        "lustre_client_built_against_ofed": ipoib_render.built_against_ofed(spec),
         "opensm_kind": sm.kind if sm else None,
         "opensm_build": sm.build if sm else None,
         "opensm_routing_engines": engines,
         "opensm_adaptive_routing": bool(sm and sm.adaptive_routing),
         "opensm_handover": bool(sm and sm.handover),
         "opensm_partitions": partitions,
+        "opensm_default_partition_ipoib_mtu": group_mtus.get(None, 0),
         "opensm_default_partition": spec.fabric.default_partition,
         "provisioner_roce": spec.fabric.roce.model_dump() if spec.fabric.roce else None,
         "provisioner_verify": spec.verify.model_dump(),

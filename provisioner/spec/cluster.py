@@ -68,6 +68,30 @@ class CableX:
     path: Path = ()
 
 
+@dataclass(frozen=True)
+class IpoibIf:
+    """One planned IPoIB interface of one node: a port's netdev (parent) or a P_Key child of it."""
+
+    node: str
+    network: str
+    netdev: str
+    device: str
+    port: int
+    address: str
+    prefix: int
+    subnet: str
+    mode: str
+    mtu: int
+    parent: str | None = None       # children: the parent netdev
+    pkey: int | None = None         # children: the P_Key with the full-member bit (0x8001)
+    partition: str | None = None    # children: the partition's name
+    path: Path = ()
+
+    @property
+    def cidr(self) -> str:
+        return f"{self.address}/{self.prefix}"
+
+
 @dataclass
 class Cluster:
     """The spec expanded. Built by `provisioner.spec.load.load_spec`; never from node observations."""
@@ -78,6 +102,7 @@ class Cluster:
     switches: list[SwitchX] = field(default_factory=list)
     cables: list[CableX] = field(default_factory=list)
     fabric_rate_gbps: float = 0.0
+    ipoib: list[IpoibIf] = field(default_factory=list)
 
     @property
     def name(self) -> str:
@@ -91,6 +116,9 @@ class Cluster:
 
     def nodes_with_role(self, role: str) -> list[Node]:
         return [n for n in self.nodes if role in n.roles]
+
+    def ipoib_of(self, node: str) -> list[IpoibIf]:
+        return [i for i in self.ipoib if i.node == node]
 
     def rails(self) -> list[int]:
         return sorted({p.rail for n in self.nodes for p in n.rail_ports if p.rail is not None})

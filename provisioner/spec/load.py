@@ -159,6 +159,7 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
             except hostlist.HostlistError as exc:
                 rep.add((*path, "device"), "SPEC-HOSTLIST", str(exc), "write e.g. mlx5_[0-7]")
                 continue
+            netdevs = _netdevs(hca.netdev, len(devices), path, rep)
             for di, dev in enumerate(devices):
                 many = len(devices) > 1
                 rail = hca.rail + di if hca.rail is not None else (next_rail if hca.purpose == "rail" else None)
@@ -169,7 +170,7 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                     device=dev, port=hca.port,
                     rate_gbps=rate_gbps(hca.rate) if hca.rate is not None else cluster.fabric_rate_gbps,
                     width=hca.width, link_layer=hca.link_layer or default_ll, rail=rail, gpu=gpu,
-                    numa=hca.numa, netdev=None if many else hca.netdev, pci=None if many else hca.pci,
+                    numa=hca.numa, netdev=netdevs[di], pci=None if many else hca.pci,
                     purpose=hca.purpose, path=path))
                 if hca.purpose == "rail" and rail is not None:
                     next_rail = rail + 1
@@ -336,7 +337,37 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                 continue
             used_ports[(leaf.name, sport)] = (*path, "ports")
             cluster.cables.append(CableX(nname, cab.hca, leaf.name, sport, path))
+    from provisioner.spec.ipoib import expand_ipoib
+
+    cluster.ipoib = expand_ipoib(cluster)
     return cluster
+
+
+_NETDEV = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+
+
+def _netdevs(expr: str | None, count: int, path: Path, rep: _Report) -> list[str | None]:
+    """The netdev of each device of an HCA entry: `netdev` expands in step with `device` (one name, one device)."""
+    if expr is None:
+        return [None] * count
+    try:
+        names = hostlist.expand(expr)
+    except hostlist.HostlistError as exc:
+        rep.add((*path, "netdev"), "SPEC-HOSTLIST", str(exc), "write e.g. ibp[24,41]s0 or ibp24s0,ibp41s0")
+        return [None] * count
+    if len(names) != count:
+        rep.add((*path, "netdev"), "SPEC-RANGE-LENGTH", f"{count} device(s) but {len(names)} netdev name(s)",
+                "name one netdev per device, in the same order")
+        return [None] * count
+    out: list[str | None] = []
+    for name in names:
+        if not _NETDEV.match(name):
+            rep.add((*path, "netdev"), "SPEC-NETDEV", f"'{name}' is not a network interface name",
+                    "at most 15 characters of A-Z a-z 0-9 . _ : -")
+            out.append(None)
+        else:
+            out.append(name)
+    return out
 
 
 def _line(rep: _Report, path: Path) -> int:

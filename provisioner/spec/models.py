@@ -18,6 +18,10 @@ ClusterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,3
 ProfileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
 DeviceExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(\[[0-9,-]+\])?$", max_length=40)]
 NetDev = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
+NetDevExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:\[\],-]{1,256}$")]
+Cidr = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}$")]
+DeviceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]
+IpoibName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 UnixUser = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
 LocalPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/~@+-]+$", max_length=1024)]
 AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024)]
@@ -78,7 +82,9 @@ class Hca(Strict):
     rail: int | None = Field(None, ge=0, le=31, description="Rail index (HCA i of every node forms rail i).")
     gpu: int | None = Field(None, ge=0, le=15, description="GPU index this HCA serves (nearest on PCIe).")
     numa: int | None = Field(None, ge=0, le=15, description="NUMA node of the HCA.")
-    netdev: NetDev | None = Field(None, description="IPoIB/RoCE netdev name, e.g. ibp24s0.")
+    netdev: NetDevExpr | None = Field(
+        None, description="IPoIB/RoCE netdev name, e.g. ibp24s0; for a device range one per device, expanded in step "
+        "(ibp[24,41]s0 or ibp24s0,ibp41s0).")
     pci: PciAddr | None = Field(None, description="PCI address, checked by preflight when given.")
     purpose: Literal["rail", "storage"] = Field("rail", description="Compute rail or storage/management port.")
 
@@ -241,6 +247,42 @@ class Roce(Strict):
     traffic_class: int = Field(106, ge=0, le=255, description="NCCL_IB_TC (DSCP 26 << 2 = 104 + ECN bits).")
 
 
+class IpoibChild(Strict):
+    partition: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")] = Field(
+        description="Partition (fabric.partitions) whose P_Key the child interface carries (ibp24s0.8001).")
+    subnet: Cidr = Field(description="IPv4 subnet of the partition, e.g. 10.31.0.0/24 (one per partition).")
+    address: HostlistExpr = Field(description="Addresses in step with nodes, e.g. 10.31.0.[11-18].")
+    nodes: HostlistExpr | None = Field(
+        None, description="Nodes that get the child; default: the partition's members on the parent network.")
+    mode: Literal["datagram", "connected"] | None = Field(None, description="The parent network's if unset.")
+    mtu: int | None = Field(None, ge=68, le=65520, description="The parent network's if unset.")
+
+
+class IpoibNetwork(Strict):
+    name: IpoibName = Field(description="Name of the IPoIB network (storage mounts refer to it).")
+    rail: int | None = Field(None, ge=0, le=31, description="The port: rail i of every node (give rail or device).")
+    device: DeviceName | dict[ProfileName, DeviceName] | None = Field(
+        None, description="The port: this device of every node (a storage HCA such as mlx5_8), or one per profile "
+        "({hgx: mlx5_8, svc: mlx5_0}).")
+    nodes: HostlistExpr | None = Field(
+        None, description="Member nodes (hostlist or role); default: every node with that port, in spec order.")
+    address: HostlistExpr = Field(description="IPoIB addresses in step with nodes, e.g. 10.30.0.[11-18,2-3].")
+    subnet: Cidr = Field(description="IPv4 subnet of the network, e.g. 10.30.0.0/24 (one per rail or port).")
+    mode: Literal["datagram", "connected"] = Field(
+        "datagram", description="IPoIB mode; ConnectX-4 and later (mlx5) run enhanced IPoIB, datagram only.")
+    mtu: int | None = Field(
+        None, ge=68, le=65520, description="Interface MTU; default 2044 in datagram mode (a 2048-byte IPoIB group, "
+        "opensm's default), 65520 connected. Datagram allows up to 4092 (IB MTU 4096 - 4).")
+    children: list[IpoibChild] = Field(
+        default_factory=list, description="P_Key child interfaces (ibp24s0.8001) for the spec's partitions.")
+
+    @model_validator(mode="after")
+    def _one_port(self) -> IpoibNetwork:
+        if (self.rail is None) == (self.device is None):
+            raise ValueError("give exactly one of `rail` or `device`")
+        return self
+
+
 class Fabric(Strict):
     type: Literal["infiniband", "roce", "ethernet"] = Field("infiniband")
     rate: RateValue = Field(description="Port rate in Gb/s or by name (HDR, NDR, XDR).")
@@ -250,6 +292,8 @@ class Fabric(Strict):
     default_partition: Literal["full", "limited"] = Field(
         "full", description="Membership of compute ports in the default partition 0x7fff.")
     roce: Roce | None = Field(None, description="RoCE QoS settings (required when type is roce).")
+    ipoib: list[IpoibNetwork] = Field(
+        default_factory=list, description="IP over InfiniBand: addresses per rail or port, P_Key child interfaces.")
 
 
 # --- storage ---------------------------------------------------------------------------------------------------
@@ -271,6 +315,9 @@ class NfsMount(Strict):
     nconnect: int | None = Field(None, ge=1, le=16)
     options: list[MountOption] = Field(default_factory=list)
     automount: bool = Field(False, description="x-systemd.automount instead of mounting at boot.")
+    network: IpoibName | None = Field(
+        None, description="fabric.ipoib network to mount over (the server's IPoIB address); rdma: the one the server "
+        "and every client are on if unset.")
     owner: UnixUser = "root"
     mode: Annotated[str, StringConstraints(pattern=r"^0?[0-7]{3,4}$")] = "0755"
 
@@ -285,7 +332,11 @@ class LustreMount(Strict):
     mgs: list[Nid] = Field(min_length=1, description="MGS NIDs, e.g. 10.1.0.1@o2ib (failover pairs in order).")
     mount: AbsPath
     on: HostlistExpr = Field("compute")
-    lnet: list[LnetNet] = Field(default_factory=lambda: ["o2ib0"], description="LNet networks, e.g. o2ib0(ib0).")
+    lnet: list[LnetNet] = Field(
+        default_factory=lambda: ["o2ib0"], description="LNet networks; an o2ib network without an interface gets the "
+        "client's IPoIB netdev, e.g. o2ib0(ibp24s0).")
+    network: IpoibName | None = Field(
+        None, description="fabric.ipoib network whose interface o2ib uses; default: the one every client is on.")
     options: list[MountOption] = Field(default_factory=lambda: ["flock"])
 
 

@@ -6,6 +6,7 @@ Rules read the expanded Cluster and point at the YAML line the problem comes fro
 
 from __future__ import annotations
 
+import ipaddress
 import itertools
 from collections import defaultdict
 from collections.abc import Callable
@@ -598,3 +599,373 @@ def _lustre_os(c: Cluster, rep: Reporter, r: Rule) -> None:
         r.report(rep, ("software", "lustre_client"), f"Lustre client {sw.lustre_client} does not build against "
                  f"{name} {sw.ofed.version}: {reason}",
                  "pin a Lustre client release that builds against this OFED, or another OFED release")
+
+
+# --- IP over InfiniBand (expansion and facts in provisioner/spec/ipoib.py) ---------------------------------------
+def _ipoib_members(c: Cluster, rep: Reporter, ni: int) -> list[str] | None:
+    from provisioner.spec import ipoib
+
+    net = c.spec.fabric.ipoib[ni]
+    try:
+        return ipoib.network_members(net, c)
+    except hostlist.HostlistError as exc:
+        rep.add(("fabric", "ipoib", ni, "nodes"), "SPEC-HOSTLIST", str(exc), "a role name or a hostlist")
+        return None
+
+
+@rule("IPOIB-PORT", "error",
+      "IPoIB runs on an InfiniBand port's netdev: a network must name a port every member has, in InfiniBand mode, "
+      "with its netdev named in the profile (the role, LNet and verify need the name), and a port carries one "
+      "network.")
+def _ipoib_port(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    by_name = {n.name: n for n in c.nodes}
+    owner: dict[tuple[str, str], str] = {}
+    for ni, net in enumerate(c.spec.fabric.ipoib):
+        path: Path = ("fabric", "ipoib", ni)
+        where = f"rail {net.rail}" if net.rail is not None else f"device {net.device}"
+        if isinstance(net.device, dict):
+            for prof in net.device:
+                if prof not in c.spec.profiles:
+                    r.report(rep, (*path, "device", prof), f"IPoIB network {net.name}: profile '{prof}' is not "
+                             "defined", "key device: by profile names")
+            where = "the device its profile names"
+        if c.spec.fabric.type != "infiniband":
+            r.report(rep, path, f"IPoIB network {net.name} on a {c.spec.fabric.type} fabric",
+                     "IPoIB needs InfiniBand ports; address RoCE/Ethernet ports on the Ethernet side")
+            continue
+        names = _ipoib_members(c, rep, ni)
+        if names is None:
+            continue
+        if not names:
+            r.report(rep, path, f"IPoIB network {net.name}: no node has {where}", "check rail:/device: and nodes:")
+        for name in names:
+            node = by_name.get(name)
+            if node is None:
+                rep.add((*path, "nodes"), "SPEC-UNDEFINED-NODE", f"IPoIB member '{name}' is not defined",
+                        "list nodes from nodes:")
+                continue
+            port = ipoib.network_port(net, node)
+            if port is None:
+                r.report(rep, (*path, "nodes") if net.nodes else path,
+                         f"{name} (profile '{node.profile}') has no {where} for IPoIB network {net.name}",
+                         "take the node out of nodes: or give its profile that port")
+                continue
+            if port.link_layer != "infiniband":
+                r.report(rep, path, f"{name}:{port.device} is {port.link_layer}, IPoIB needs InfiniBand",
+                         "IPoIB runs on InfiniBand ports only")
+            if port.netdev is None:
+                r.report(rep, path, f"IPoIB network {net.name}: the netdev of {port.device} in profile "
+                         f"'{node.profile}' is not named", "add netdev: to that HCA (ibdev2netdev shows it, "
+                         "e.g. ibp24s0)")
+                continue
+            key = (name, port.device)
+            if key in owner and owner[key] != net.name:
+                r.report(rep, path, f"{name}:{port.device} is in IPoIB networks {owner[key]} and {net.name}",
+                         "one network per port; partitions go under children:")
+            owner.setdefault(key, net.name)
+            for ci, child in enumerate(net.children):
+                part = next((p for p in c.spec.fabric.partitions if p.name == child.partition), None)
+                if part is not None and len(ipoib.child_name(port.netdev, part.pkey)) > ipoib.IFNAMSIZ:
+                    r.report(rep, (*path, "children", ci), f"child interface name "
+                             f"{ipoib.child_name(port.netdev, part.pkey)} is longer than 15 characters",
+                             "Linux refuses longer interface names; rename the parent netdev (udev)")
+
+
+def _addresses(c: Cluster, rep: Reporter, expr: str, count: int, path: Path) -> list[str] | None:
+    try:
+        addrs = hostlist.expand(expr)
+    except hostlist.HostlistError as exc:
+        rep.add(path, "SPEC-HOSTLIST", str(exc), "write e.g. 10.30.0.[11-18]")
+        return None
+    if len(addrs) != count:
+        rep.add(path, "SPEC-RANGE-LENGTH", f"{count} member node(s) but {len(addrs)} address(es)",
+                "addresses expand in step with the member nodes (spec order, or nodes:)")
+        return None
+    return addrs
+
+
+@rule("IPOIB-ADDRESS", "error",
+      "Every IPoIB address must be unique and a host address inside its network's subnet, or ARP answers for the "
+      "wrong node and RDMA-CM (NFS/RDMA, Lustre o2ib) connects to it.")
+def _ipoib_address(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    seen: dict[str, str] = {n.address: f"{n.name} (management)" for n in c.nodes}
+    seen.update({s.address: f"switch {s.name}" for s in c.switches if s.address})
+    parts = {p.name: p for p in c.spec.fabric.partitions}
+    for ni, net in enumerate(c.spec.fabric.ipoib):
+        names = _ipoib_members(c, rep, ni)
+        if names is None:
+            continue
+        groups: list[tuple[str, str, list[str], Path]] = [(net.name, net.subnet, names, ("fabric", "ipoib", ni))]
+        for ci, child in enumerate(net.children):
+            part = parts.get(child.partition)
+            if part is None:
+                continue
+            try:
+                cnames = ipoib.child_members(net, ci, c, part)
+            except hostlist.HostlistError as exc:
+                rep.add(("fabric", "ipoib", ni, "children", ci, "nodes"), "SPEC-HOSTLIST", str(exc),
+                        "a role name or a hostlist")
+                continue
+            groups.append((f"{net.name}.{part.name}", child.subnet, cnames, ("fabric", "ipoib", ni, "children", ci)))
+        for label, cidr, members_, path in groups:
+            expr = net.address if len(path) == 3 else net.children[int(path[-1])].address
+            addrs = _addresses(c, rep, expr, len(members_), (*path, "address"))
+            subnet = ipoib.subnet_of(cidr)
+            if addrs is None:
+                continue
+            for name, addr in zip(members_, addrs, strict=True):
+                if not ipoib.is_ipv4(addr):
+                    rep.add((*path, "address"), "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
+                            "write a dotted quad such as 10.30.0.11")
+                    continue
+                ip = ipaddress.IPv4Address(addr)
+                if subnet is not None and ip not in subnet:
+                    r.report(rep, (*path, "address"), f"{name}'s IPoIB address {addr} on {label} is outside its "
+                             f"subnet {subnet}", "pick an address inside the subnet, or fix subnet:")
+                elif subnet is not None and subnet.prefixlen < 31 and ip in (subnet.network_address,
+                                                                              subnet.broadcast_address):
+                    r.report(rep, (*path, "address"), f"{name}'s IPoIB address {addr} is the "
+                             f"{'network' if ip == subnet.network_address else 'broadcast'} address of {subnet}",
+                             "use a host address")
+                if addr in seen:
+                    r.report(rep, (*path, "address"), f"address {addr} of {name} on {label} is already used by "
+                             f"{seen[addr]}", "every address once")
+                seen.setdefault(addr, f"{name} on {label}")
+
+
+@rule("IPOIB-SUBNET", "error",
+      "One IP subnet per rail, port or partition: two IPoIB interfaces of a node in one subnet answer ARP and "
+      "route replies on either (ARP flux), so one rail's traffic leaves through another; a subnet that holds "
+      "management addresses takes their routes.")
+def _ipoib_subnet(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    nets: list[tuple[str, ipaddress.IPv4Network, Path]] = []
+    for ni, net in enumerate(c.spec.fabric.ipoib):
+        entries: list[tuple[str, str, Path]] = [(net.name, net.subnet, ("fabric", "ipoib", ni, "subnet"))]
+        entries += [(f"{net.name}.{ch.partition}", ch.subnet, ("fabric", "ipoib", ni, "children", ci, "subnet"))
+                    for ci, ch in enumerate(net.children)]
+        for label, cidr, path in entries:
+            subnet = ipoib.subnet_of(cidr)
+            if subnet is None:
+                try:
+                    fixed = ipaddress.IPv4Network(cidr, strict=False)
+                    hint = f"write {fixed} (the network address of that prefix)"
+                except ValueError:
+                    hint = "write e.g. 10.30.0.0/24"
+                r.report(rep, path, f"'{cidr}' is not an IPv4 subnet", hint)
+                continue
+            for other, osub, _ in nets:
+                if subnet.overlaps(osub):
+                    r.report(rep, path, f"subnet {subnet} of {label} overlaps {osub} of {other}",
+                             "give every rail, port and partition its own subnet")
+                    break
+            for n in c.nodes:
+                if ipoib.is_ipv4(n.address) and ipaddress.IPv4Address(n.address) in subnet:
+                    r.report(rep, path, f"subnet {subnet} of {label} holds {n.name}'s management address "
+                             f"{n.address}", "keep IPoIB subnets apart from the management network")
+                    break
+            nets.append((label, subnet, path))
+
+
+@rule("IPOIB-PKEY", "error",
+      "A P_Key child interface works only in a partition the SM defines with an IPoIB broadcast group, on ports "
+      "that are its members; otherwise the child never comes up.")
+def _ipoib_pkey(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    parts = {p.name: p for p in c.spec.fabric.partitions}
+    for ni, net in enumerate(c.spec.fabric.ipoib):
+        names = _ipoib_members(c, rep, ni)
+        seen: set[str] = set()
+        for ci, child in enumerate(net.children):
+            path: Path = ("fabric", "ipoib", ni, "children", ci)
+            part = parts.get(child.partition)
+            if part is None:
+                known = ", ".join(parts) or "none"
+                r.report(rep, (*path, "partition"), f"partition '{child.partition}' is not defined",
+                         f"name one of fabric.partitions ({known})")
+                continue
+            if child.partition in seen:
+                r.report(rep, (*path, "partition"), f"IPoIB network {net.name} lists partition {part.name} twice",
+                         "one child interface per partition and port")
+            seen.add(child.partition)
+            if not part.ipoib:
+                r.report(rep, (*path, "partition"), f"partition {part.name} has ipoib: false: the SM creates no "
+                         "IPoIB broadcast group for it", "set ipoib: true on the partition")
+            if names is None or child.nodes is None:
+                continue
+            try:
+                cnames = ipoib.child_members(net, ci, c, part)
+                in_part = set(members(part.members, c))
+            except hostlist.HostlistError:
+                continue
+            for name in cnames:
+                if name not in in_part:
+                    r.report(rep, (*path, "nodes"), f"{name} is not a member of partition {part.name} "
+                             f"(P_Key {part.pkey:#06x})", "add it to the partition's members or drop it here")
+                elif name not in names:
+                    r.report(rep, (*path, "nodes"), f"{name} is not on IPoIB network {net.name}, the child's parent",
+                             "children live on the network's members")
+
+
+@rule("IPOIB-MTU", "error",
+      "Datagram mode carries at most the IB MTU minus the 4-byte IPoIB header (4092 on a 4096-byte IB MTU) and "
+      "above 2044 only when the SM's IPoIB group is 4096 bytes (opensm: mtu=5); an MTU the mode cannot carry is "
+      "refused or silently lowered by the kernel.")
+def _ipoib_mtu(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    sm = c.spec.fabric.subnet_manager
+    for ni, net in enumerate(c.spec.fabric.ipoib):
+        entries = [(net.name, net.mode, net.mtu, ("fabric", "ipoib", ni))]
+        entries += [(f"{net.name}.{ch.partition}", ch.mode or net.mode, ch.mtu or (net.mtu if (ch.mode or net.mode)
+                     == net.mode else None), ("fabric", "ipoib", ni, "children", ci))
+                    for ci, ch in enumerate(net.children)]
+        for label, mode, mtu, path in entries:
+            if mtu is None:
+                continue
+            if mtu > ipoib.max_mtu(mode):
+                r.report(rep, (*path, "mtu"), f"MTU {mtu} on {label} is more than {mode} mode carries "
+                         f"({ipoib.max_mtu(mode)})", f"set mtu <= {ipoib.max_mtu(mode)}" +
+                         (" or mode: connected" if mode == "datagram" else ""))
+            elif mode == "datagram" and mtu > ipoib.DATAGRAM_DEFAULT_MTU and (sm is None or sm.kind != "opensm"):
+                rep.add((*path, "mtu"), r.id, f"MTU {mtu} on {label} needs a 4096-byte IPoIB group, which this "
+                        f"spec's SM ({sm.kind if sm else 'none'}) is not configured by provisioner to create",
+                        "set the partition's IPoIB group to MTU 4096 (mtu=5) on the SM, or the interface "
+                        "stays at 2044", severity="warning")
+
+
+@rule("IPOIB-MODE", "warning",
+      "ConnectX-4 and later (mlx5 devices) run enhanced IPoIB, which supports datagram mode only (RHEL "
+      "networking guide, Configuring IPoIB); connected mode there is refused and the interface keeps datagram.")
+def _ipoib_mode(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    by_name = {n.name: n for n in c.nodes}
+    for ni, net in enumerate(c.spec.fabric.ipoib):
+        modes = [(net.mode, ("fabric", "ipoib", ni, "mode"))]
+        modes += [(ch.mode, ("fabric", "ipoib", ni, "children", ci, "mode")) for ci, ch in enumerate(net.children)
+                  if ch.mode]
+        try:
+            names = ipoib.network_members(net, c)
+        except hostlist.HostlistError:
+            continue
+        ports = [ipoib.network_port(net, by_name[n]) for n in names if n in by_name]
+        mlx5 = sorted({p.device for p in ports if p is not None and p.device.startswith("mlx5_")})
+        for mode, path in modes:
+            if mode == "connected" and mlx5:
+                r.report(rep, path, f"connected mode on {', '.join(mlx5)} (mlx5: enhanced IPoIB, datagram only)",
+                         "use mode: datagram (or load ib_ipoib with ipoib_enhanced=0 and say why)")
+
+
+@rule("NFS-IPOIB", "error",
+      "NFS over RDMA connects with RDMA-CM, which resolves the server's address through IPoIB: the mount must use "
+      "the server's IPoIB address on a network every client is on (a management address resolves to Ethernet and "
+      "the mount fails).")
+def _nfs_ipoib(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    nets = {n.name for n in c.spec.fabric.ipoib}
+    names = {n.name for n in c.nodes}
+    for i, m in enumerate(c.spec.storage.nfs.mounts):
+        path: Path = ("storage", "nfs", "mounts", i)
+        try:
+            clients = [h for h in members(m.on, c) if h in names]
+        except hostlist.HostlistError:
+            continue
+        if m.network is not None and m.network not in nets:
+            r.report(rep, (*path, "network"), f"IPoIB network '{m.network}' is not defined",
+                     "name one of fabric.ipoib (" + (", ".join(sorted(nets)) or "none") + ")")
+            continue
+        net = ipoib.mount_network(c, m, clients)
+        if net is None:
+            if m.transport == "rdma" and m.server in names:
+                r.report(rep, (*path, "transport"), f"NFS over RDMA from {m.server}: no IPoIB network has the "
+                         "server and every client on it", "add a fabric.ipoib network with their addresses, or "
+                         "name it with network:")
+            continue
+        missing = [h for h in [m.server, *clients] if ipoib.address_on(c, h, net) is None]
+        if missing:
+            r.report(rep, (*path, "network"), f"{', '.join(missing[:5])} ha{'s' if len(missing) == 1 else 've'} no "
+                     f"address on IPoIB network {net}", "add them to the network, or mount over another one")
+            continue
+        ei, export = next(((k, e) for k, e in enumerate(c.spec.storage.nfs.exports)
+                           if (e.server, e.path) == (m.server, m.export)), (-1, None))
+        nets = _cidrs(export.clients) if export is not None else None
+        if nets:  # the export names its clients by address: their IPoIB addresses must be in it
+            for h in clients:
+                mine = ipoib.address_on(c, h, net)
+                if mine is not None and not any(ipaddress.IPv4Address(mine.address) in n for n in nets):
+                    r.report(rep, ("storage", "nfs", "exports", ei, "clients"), f"{m.server}:{m.export} is exported "
+                             f"to {export.clients} (by "
+                             f"address), but {h} mounts it from its IPoIB address {mine.address}",
+                             f"add {mine.subnet} to the export's clients")
+                    break
+
+
+def _cidrs(clients: str) -> list[ipaddress.IPv4Network] | None:
+    """The networks an export's client list names when every entry is an address or CIDR; None otherwise (host
+    names and wildcards resolve on the server, which the spec cannot see)."""
+    out = []
+    for entry in clients.split(","):
+        try:
+            out.append(ipaddress.IPv4Network(entry, strict=False))
+        except ValueError:
+            return None
+    return out
+
+
+@rule("LUSTRE-IPOIB", "error",
+      "LNet's o2ib network binds to an IPoIB interface (o2ib0(ib0)): an interface without an address, or none, "
+      "leaves LNet down, and an MGS NID outside that interface's subnet cannot be resolved by RDMA-CM.")
+def _lustre_ipoib(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import ipoib
+
+    names = {n.name for n in c.nodes}
+    nets = {n.name for n in c.spec.fabric.ipoib}
+    for i, fs in enumerate(c.spec.storage.lustre):
+        path: Path = ("storage", "lustre", i)
+        o2ib = [n for n in fs.lnet if n.startswith("o2ib")]
+        if not o2ib:
+            continue
+        try:
+            clients = [h for h in members(fs.on, c) if h in names]
+        except hostlist.HostlistError:
+            continue
+        if fs.network is not None and fs.network not in nets:
+            r.report(rep, (*path, "network"), f"IPoIB network '{fs.network}' is not defined",
+                     "name one of fabric.ipoib (" + (", ".join(sorted(nets)) or "none") + ")")
+            continue
+        net = fs.network or next((n.name for n in c.spec.fabric.ipoib
+                                  if all(ipoib.address_on(c, h, n.name) for h in clients)), None)
+        for lnet in o2ib:
+            iface = lnet.partition("(")[2].rstrip(")") or None
+            for h in clients:
+                mine = c.ipoib_of(h)
+                if iface is not None:
+                    if not any(x.netdev == iface for x in mine):
+                        have = ", ".join(x.netdev for x in mine) or "none"
+                        r.report(rep, (*path, "lnet"), f"LNet {lnet} on {h}: {iface} is not an IPoIB interface "
+                                 f"of {h} (its IPoIB interfaces: {have})", "write o2ib0 and let the spec's IPoIB "
+                                 "network name the interface, or name one of those")
+                        break
+                elif net is None or ipoib.address_on(c, h, net) is None:
+                    r.report(rep, (*path, "lnet"), f"LNet {lnet} on {h}: no IPoIB interface to bind to",
+                             "give the clients an IPoIB network (fabric.ipoib) and name it with network:")
+                    break
+        if net is None:
+            continue
+        subnets = {x.subnet for h in clients for x in c.ipoib_of(h) if x.network == net}
+        for nid in fs.mgs:
+            addr, _, lnd = nid.partition("@")
+            if not lnd.startswith("o2ib") or not subnets:
+                continue
+            if not any(ipaddress.IPv4Address(addr) in ipaddress.IPv4Network(s) for s in subnets):
+                rep.add((*path, "mgs"), r.id, f"MGS NID {nid} is outside the clients' IPoIB subnet "
+                        f"{', '.join(sorted(subnets))} on {net}", "RDMA-CM resolves o2ib NIDs through IPoIB ARP: "
+                        "the MGS needs an address on that subnet (or an LNet router)", severity="warning")
