@@ -822,7 +822,7 @@ def _ipoib_mtu(c: Cluster, rep: Reporter, r: Rule) -> None:
 
     sm = c.spec.fabric.subnet_manager
     for ni, net in enumerate(c.spec.fabric.ipoib):
-        entries = [(net.name, net.mode, net.mtu, ("fabric", "ipoib", ni))]
+        entries: list[tuple[str, str, int | None, Path]] = [(net.name, net.mode, net.mtu, ("fabric", "ipoib", ni))]
         entries += [(f"{net.name}.{ch.partition}", ch.mode or net.mode, ch.mtu or (net.mtu if (ch.mode or net.mode)
                      == net.mode else None), ("fabric", "ipoib", ni, "children", ci))
                     for ci, ch in enumerate(net.children)]
@@ -848,7 +848,7 @@ def _ipoib_mode(c: Cluster, rep: Reporter, r: Rule) -> None:
 
     by_name = {n.name: n for n in c.nodes}
     for ni, net in enumerate(c.spec.fabric.ipoib):
-        modes = [(net.mode, ("fabric", "ipoib", ni, "mode"))]
+        modes: list[tuple[str | None, Path]] = [(net.mode, ("fabric", "ipoib", ni, "mode"))]
         modes += [(ch.mode, ("fabric", "ipoib", ni, "children", ci, "mode")) for ci, ch in enumerate(net.children)
                   if ch.mode]
         try:
@@ -896,14 +896,14 @@ def _nfs_ipoib(c: Cluster, rep: Reporter, r: Rule) -> None:
             continue
         ei, export = next(((k, e) for k, e in enumerate(c.spec.storage.nfs.exports)
                            if (e.server, e.path) == (m.server, m.export)), (-1, None))
-        nets = _cidrs(export.clients) if export is not None else None
-        if nets:  # the export names its clients by address: their IPoIB addresses must be in it
+        allowed = _cidrs(export.clients) if export is not None else None
+        if export is not None and allowed:  # the export names its clients by address: the IPoIB ones must be in
             for h in clients:
                 mine = ipoib.address_on(c, h, net)
-                if mine is not None and not any(ipaddress.IPv4Address(mine.address) in n for n in nets):
+                if mine is not None and not any(ipaddress.IPv4Address(mine.address) in n for n in allowed):
                     r.report(rep, ("storage", "nfs", "exports", ei, "clients"), f"{m.server}:{m.export} is exported "
-                             f"to {export.clients} (by "
-                             f"address), but {h} mounts it from its IPoIB address {mine.address}",
+                             f"to {export.clients} (by address), but {h} mounts it from its IPoIB address "
+                             f"{mine.address}",
                              f"add {mine.subnet} to the export's clients")
                     break
 

@@ -181,8 +181,8 @@ def test_mtu_the_mode_cannot_carry_and_connected_mode_on_mlx5() -> None:
     assert ("IPOIB-MTU", line_of(big, "mtu: 9000"), "error") in diags(big)
     connected = BASE.replace("subnet: 10.30.1.0/24}", "subnet: 10.30.1.0/24, mode: connected, mtu: 9000}")
     assert diags(connected) == [("IPOIB-MODE", line_of(connected, "mode: connected"), "warning")]
-    ufm = BASE.replace("subnet_manager:\n    nodes: [{node: sm1, priority: 15}]",
-                       "subnet_manager:\n    kind: ufm").replace("subnet: 10.30.1.0/24}", "subnet: 10.30.1.0/24, mtu: 4092}")
+    ufm = BASE.replace("subnet_manager:\n    nodes: [{node: sm1, priority: 15}]", "subnet_manager:\n    kind: ufm")
+    ufm = ufm.replace("subnet: 10.30.1.0/24}", "subnet: 10.30.1.0/24, mtu: 4092}")
     assert ("IPOIB-MTU", line_of(ufm, "mtu: 4092"), "warning") in diags(ufm)
 
 
