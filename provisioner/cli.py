@@ -323,7 +323,7 @@ def status_cmd(
 def verify_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, bandwidth, "
+    only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, ipoib, bandwidth, "
                                              "gpudirect, nccl, cabling, storage (default: the spec's "
                                              "verify.tests).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="Bandwidth mode quick|full (default: the spec's).")]

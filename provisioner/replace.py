@@ -218,7 +218,8 @@ def subset(cluster: Cluster, names: Sequence[str]) -> Cluster:
     """The cluster narrowed to ``names`` (their nodes and cables): every check then runs on those only."""
     keep = set(names)
     return replace(cluster, nodes=[n for n in cluster.nodes if n.name in keep],
-                   cables=[c for c in cluster.cables if c.node in keep])
+                   cables=[c for c in cluster.cables if c.node in keep],
+                   ipoib=[i for i in cluster.ipoib if i.node in keep])
 
 
 def sm_nodes(cluster: Cluster) -> list[str]:
@@ -242,6 +243,8 @@ def verify_tests(cluster: Cluster, node: str, peers: Sequence[str]) -> tuple[lis
         main += [t for t in ("bandwidth", "nccl") if t in wanted]
     if "cabling" in wanted and cluster.cables:
         main.append("cabling")
+    if "ipoib" in wanted and cluster.ipoib_of(node):
+        main.append("ipoib")
     side = ["gpudirect"] if gpu and peers and "gpudirect" in wanted else []
     return main, side
 

@@ -25,7 +25,19 @@ from typing import Any, TypeVar
 
 from provisioner.drift import peer_groups
 from provisioner.errors import ParseError, UsageError
-from provisioner.fabric import bandwidth, baseline, cabling, gpudirect, links, nccl, reach, sm_verify, storage, versions
+from provisioner.fabric import (
+    bandwidth,
+    baseline,
+    cabling,
+    gpudirect,
+    ipoib,
+    links,
+    nccl,
+    reach,
+    sm_verify,
+    storage,
+    versions,
+)
 from provisioner.fabric.findings import CheckResult, Finding, Value
 from provisioner.fabric.nhc import export_nhc
 from provisioner.fabric.perftest import PerftestSettings
@@ -37,7 +49,7 @@ from provisioner.spec.cluster import Cluster, Node
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
-ALL_TESTS = ("links", "versions", "sm", "bandwidth", "gpudirect", "nccl", "cabling", "storage")
+ALL_TESTS = ("links", "versions", "sm", "ipoib", "bandwidth", "gpudirect", "nccl", "cabling", "storage")
 PROBE_TIMEOUT_S = 30.0
 NCCL_TIMEOUT_S = 900.0
 
@@ -75,6 +87,8 @@ def select_tests(cluster: Cluster, only: Iterable[str] | None) -> list[str]:
         wanted.update(("versions", "sm"))
     if not storage.expected_mounts(cluster):
         wanted.discard("storage")  # on by default, but a spec without NFS/Lustre mounts has nothing to check
+    if not cluster.ipoib:
+        wanted.discard("ipoib")  # likewise without IPoIB networks
     return [t for t in ALL_TESTS if t in wanted]
 
 
@@ -329,6 +343,13 @@ class _Verifier:
         self.checks.append(CheckResult.could_not_run(cabling.CHECK, None, "; ".join(reasons)))
 
 
+    # -- ipoib -------------------------------------------------------------------------------------------------
+    def ipoib_check(self) -> None:
+        if not self.cluster.ipoib:
+            self.checks.append(CheckResult.could_not_run(ipoib.CHECK, None, "the spec plans no IPoIB interfaces"))
+            return
+        self.checks += ipoib.check_ipoib(self.cluster, self.remote)
+
     # -- storage ----------------------------------------------------------------------------------------------
     def shared_storage(self) -> None:
         if not storage.expected_mounts(self.cluster):
@@ -383,6 +404,9 @@ def verify(
         if "sm" in chosen:
             progress("sm: the spec's master SM is master, every planned SM answers (sminfo)")
             v.subnet_manager()
+        if "ipoib" in chosen:
+            progress("ipoib: every planned interface up with its address and MTU, a peer answers over it")
+            v.ipoib_check()
         numactl = v.numactl() if {"bandwidth", "gpudirect"} & set(chosen) else {}
         if "bandwidth" in chosen:
             progress(f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)")

@@ -34,6 +34,7 @@ from typing import Any, Literal
 from provisioner.errors import ParseError
 from provisioner.fabric.findings import CheckResult, Finding, Severity, Value
 from provisioner.remote import Completed, Remote
+from provisioner.spec import ipoib
 from provisioner.spec.cluster import Cluster
 from provisioner.spec.rules import members
 
@@ -127,9 +128,30 @@ def parse_findmnt_json(text: str) -> list[MountEntry]:
     return out
 
 
+_MOUNT_LINE = re.compile(r"^(?P<source>\S+) on (?P<target>\S+) type (?P<fstype>\S+) \((?P<options>[^)]*)\)$")
+
+
+def parse_mount_output(text: str) -> list[MountEntry]:
+    """Entries of ``mount`` (util-linux) output, ``SOURCE on TARGET type FSTYPE (OPTIONS)``, in order."""
+    entries = []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        m = _MOUNT_LINE.match(line.strip())
+        if m is None:
+            raise ParseError(f"mount output line {number} is not 'SOURCE on TARGET type FSTYPE (OPTIONS)': {line!r}")
+        entries.append(MountEntry(m["source"], m["target"], m["fstype"],
+                                  tuple(o for o in m["options"].split(",") if o)))
+    return entries
+
+
 def parse_mounts(text: str) -> list[MountEntry]:
-    """Either format: JSON (``findmnt -J``) when it starts with ``{``, else the ``/proc/mounts`` table."""
-    return parse_findmnt_json(text) if text.lstrip().startswith("{") else parse_proc_mounts(text)
+    """Any of: JSON (``findmnt -J``) when it starts with ``{``, ``mount`` output (``X on Y type T (...)``), else the
+    ``/proc/mounts`` table."""
+    if text.lstrip().startswith("{"):
+        return parse_findmnt_json(text)
+    first = next((line for line in text.splitlines() if line.strip()), "")
+    return parse_mount_output(text) if _MOUNT_LINE.match(first.strip()) else parse_proc_mounts(text)
 
 
 # ---------------------------------------------------------------- expected mounts (from the spec)
@@ -150,6 +172,7 @@ class ExpectedMount:
     address: str = ""
     export: str = ""
     server_kernel: bool = False
+    network: str | None = None  # the IPoIB network the mount goes over (its address is the server's IPoIB one)
 
     @property
     def label(self) -> str:
@@ -168,17 +191,16 @@ def expected_mounts(cluster: Cluster) -> dict[str, list[ExpectedMount]]:
     storage = cluster.spec.storage
     kernel_exports = {(e.server, e.path) for e in storage.nfs.exports if e.implementation == "kernel"}
     for m in storage.nfs.mounts:
-        try:
-            address = cluster.node(m.server).address
-        except KeyError:
-            address = m.server
+        clients = members(m.on, cluster)
+        network = ipoib.mount_network(cluster, m, clients)
+        address = ipoib.nfs_server_address(cluster, m, clients)
         exp = ExpectedMount(
             kind="nfs", path=m.mount,
             sources=tuple(dict.fromkeys((f"{address}:{m.export}", f"{m.server}:{m.export}"))),
             fstypes=_nfs_fstypes(m.version), transport=m.transport, version=m.version, nconnect=m.nconnect,
             options=tuple(m.options), automount=m.automount, server=m.server, address=address, export=m.export,
-            server_kernel=(m.server, m.export) in kernel_exports)
-        for host in members(m.on, cluster):
+            server_kernel=(m.server, m.export) in kernel_exports, network=network)
+        for host in clients:
             if host in known:
                 out.setdefault(host, []).append(exp)
     for fs in storage.lustre:
@@ -238,6 +260,11 @@ def _nfs_findings(node: str, exp: ExpectedMount, got: MountEntry) -> list[Findin
         out.append(_finding(node, exp, RDMA_PORT, got.option("port"), f"RDMA on port {got.option('port')}, "
                             f"expected {RDMA_PORT}", "remount with port=20049 (the NFS/RDMA port)",
                             severity="warning"))
+    addr = got.option("addr")
+    if exp.network is not None and addr is not None and addr != exp.address:
+        out.append(_finding(node, exp, exp.address, addr, f"the kernel talks to addr={addr}, not {exp.server}'s "
+                            f"IPoIB address {exp.address} on {exp.network}", "the source names a host that resolves "
+                            "to another interface (RDMA-CM then picks Ethernet or fails): mount the IPoIB address"))
     if exp.nconnect is not None and exp.nconnect > 1:
         have = got.option("nconnect")
         if have != str(exp.nconnect):

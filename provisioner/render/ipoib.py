@@ -3,12 +3,11 @@ use, LNet's o2ib interface, the SM's IPoIB group MTU and the OFED release Lustre
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from provisioner.spec import compat, ipoib
 from provisioner.spec.cluster import Cluster, IpoibIf
-from provisioner.spec.models import LustreMount, NfsMount, Spec
+from provisioner.spec.models import LustreMount, Spec
 
 PEERS = 3
 """Peers per interface the role may ping (the next members of the network, in spec order): the first that answers
@@ -39,13 +38,6 @@ def ipoib_interfaces(cluster: Cluster) -> dict[str, list[dict[str, Any]]]:
             "mode": i.mode, "mtu": i.mtu, "network": i.network, "parent": i.parent,
             "pkey": f"{i.pkey:#06x}" if i.pkey is not None else None, "peers": peers.get((i.node, i.netdev), [])})
     return out
-
-
-def nfs_server_address(cluster: Cluster, mount: NfsMount, clients: Sequence[str]) -> str:
-    """The address a mount names: the server's IPoIB address on the mount's network, else its management one."""
-    net = ipoib.mount_network(cluster, mount, clients)
-    mine = ipoib.address_on(cluster, mount.server, net) if net else None
-    return mine.address if mine else cluster.node(mount.server).address
 
 
 def lustre_lnet(cluster: Cluster, fs: LustreMount, host: str) -> list[str]:

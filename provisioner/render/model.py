@@ -14,6 +14,7 @@ from typing import Any
 
 from provisioner.render import ipoib as ipoib_render
 from provisioner.spec.cluster import Cluster, Node
+from provisioner.spec.ipoib import nfs_server_address
 from provisioner.spec.rules import members
 
 OS_CODENAMES = {"ubuntu-22.04": "jammy", "ubuntu-24.04": "noble", "debian-12": "bookworm"}
@@ -145,7 +146,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
     nfs_by_host: dict[str, list[dict[str, Any]]] = {}
     for m in spec.storage.nfs.mounts:
         clients = members(m.on, cluster)
-        server = ipoib_render.nfs_server_address(cluster, m, clients)  # IPoIB for RDMA: RDMA-CM resolves it
+        server = nfs_server_address(cluster, m, clients)  # IPoIB for RDMA: RDMA-CM resolves it
         for h in clients:
             nfs_by_host.setdefault(h, []).append({
                 "server": server, "server_name": m.server, "export": m.export,

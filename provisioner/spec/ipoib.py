@@ -165,3 +165,15 @@ def mount_network(cluster: Cluster, mount: NfsMount, clients: Iterable[str]) -> 
 def address_on(cluster: Cluster, node: str, network: str) -> IpoibIf | None:
     """The planned interface of ``node`` on ``network`` (a top-level network or ``net.partition``)."""
     return next((i for i in cluster.ipoib if i.node == node and i.network == network), None)
+
+
+def nfs_server_address(cluster: Cluster, mount: NfsMount, clients: Iterable[str]) -> str:
+    """The address a mount names: the server's IPoIB address on the mount's network, else its management one."""
+    net = mount_network(cluster, mount, clients)
+    mine = address_on(cluster, mount.server, net) if net else None
+    if mine is not None:
+        return mine.address
+    try:
+        return cluster.node(mount.server).address
+    except KeyError:
+        return mount.server

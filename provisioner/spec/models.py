@@ -369,12 +369,12 @@ class NcclCheck(Strict):
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
 
 
-TestName = Literal["links", "bandwidth", "gpudirect", "nccl", "storage", "cabling"]
+TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling"]
 
 
 class Verify(Strict):
     tests: list[TestName] = Field(
-        default_factory=lambda: list[TestName](["links", "bandwidth", "gpudirect", "nccl", "storage"]),
+        default_factory=lambda: list[TestName](["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage"]),
         description="Which checks `verify` runs.")
     bandwidth: BandwidthCheck = Field(default_factory=BandwidthCheck)
     gpudirect: GpuDirectCheck = Field(default_factory=GpuDirectCheck)

@@ -64,7 +64,7 @@ def test_workstation_table_has_none_of_the_cluster_mounts() -> None:
         ("storage", "error", "/home: nfs mount missing (nothing mounted there)"),
         ("storage", "error", "/lustre/scratch: lustre mount missing (nothing mounted there)"),
     ]
-    assert found[0].expected == "10.10.0.2:/export/home" and found[0].hint.startswith("systemctl status home.mount")
+    assert found[0].expected == "10.30.0.2:/export/home" and found[0].hint.startswith("systemctl status home.mount")
 
 
 def test_findmnt_json_without_matches_is_an_empty_table() -> None:
@@ -75,7 +75,7 @@ def test_findmnt_json_without_matches_is_an_empty_table() -> None:
 def test_findmnt_json_tree_is_flattened_parents_first() -> None:
     # Shape of `findmnt -J` (util-linux): nested "children"; values here are test input, not a capture.
     text = ('{"filesystems": [{"target": "/", "source": "/dev/vda1", "fstype": "ext4", "options": "rw",'
-            ' "children": [{"target": "/home", "source": "10.10.0.2:/export/home", "fstype": "nfs4",'
+            ' "children": [{"target": "/home", "source": "10.30.0.2:/export/home", "fstype": "nfs4",'
             ' "options": "rw,vers=4.2,proto=rdma,port=20049"}]}]}')
     entries = storage.parse_mounts(text)
     assert [e.target for e in entries] == ["/", "/home"]
@@ -122,11 +122,11 @@ def test_expected_mounts_follow_the_spec() -> None:
     exp = storage.expected_mounts(_cluster())
     assert sorted(exp) == [f"gpu{i:02d}" for i in range(1, 9)]
     nfs, lustre = exp["gpu03"]
-    assert nfs == ExpectedMount(kind="nfs", path="/home", sources=("10.10.0.2:/export/home", "sm1:/export/home"),
+    assert nfs == ExpectedMount(kind="nfs", path="/home", sources=("10.30.0.2:/export/home", "sm1:/export/home"),
                                 fstypes=("nfs4",), transport="rdma", version="4.2", nconnect=4, options=(),
-                                automount=False, server="sm1", address="10.10.0.2", export="/export/home",
-                                server_kernel=True)
-    assert lustre.sources == ("10.20.0.1@o2ib:10.20.0.2@o2ib:/scratch",) and lustre.options == ("flock",)
+                                automount=False, server="sm1", address="10.30.0.2", export="/export/home",
+                                server_kernel=True, network="storage")
+    assert lustre.sources == ("10.30.0.201@o2ib:10.30.0.202@o2ib:/scratch",) and lustre.options == ("flock",)
     assert "sm1" not in exp  # management nodes are not compute: no mounts
 
 
@@ -139,14 +139,14 @@ def test_nfs_v3_expects_fstype_nfs() -> None:
 
 
 # ---------------------------------------------------------------- comparison (constructed kernel records)
-RDMA_HOME = ExpectedMount("nfs", "/home", ("10.10.0.2:/export/home", "sm1:/export/home"), ("nfs4",), "rdma", "4.2",
+RDMA_HOME = ExpectedMount("nfs", "/home", ("10.30.0.2:/export/home", "sm1:/export/home"), ("nfs4",), "rdma", "4.2",
                           4, ("noatime",))
 GOOD_OPTS = ("rw", "noatime", "vers=4.2", "rsize=1048576", "wsize=1048576", "namlen=255", "hard", "nconnect=4",
-             "proto=rdma", "port=20049", "timeo=600", "retrans=2", "sec=sys", "clientaddr=10.10.0.11",
-             "local_lock=none", "addr=10.10.0.2")
+             "proto=rdma", "port=20049", "timeo=600", "retrans=2", "sec=sys", "clientaddr=10.30.0.11",
+             "local_lock=none", "addr=10.30.0.2")
 
 
-def _entry(opts: Sequence[str] = GOOD_OPTS, source: str = "10.10.0.2:/export/home", fstype: str = "nfs4",
+def _entry(opts: Sequence[str] = GOOD_OPTS, source: str = "10.30.0.2:/export/home", fstype: str = "nfs4",
            target: str = "/home") -> MountEntry:
     return MountEntry(source, target, fstype, tuple(opts))
 
@@ -196,9 +196,9 @@ def test_stacked_mount_uses_the_top_entry() -> None:
 
 def test_lustre_source_accepts_nid_spelling_variants() -> None:
     exp = storage.expected_mounts(_cluster())["gpu01"][1]
-    same = MountEntry("10.20.0.1@o2ib,10.20.0.2@o2ib:/scratch", "/lustre/scratch", "lustre", ("rw", "flock"))
+    same = MountEntry("10.30.0.201@o2ib,10.30.0.202@o2ib:/scratch", "/lustre/scratch", "lustre", ("rw", "flock"))
     assert storage.compare_mount("gpu01", exp, same) == []
-    other_fs = MountEntry("10.20.0.1@o2ib:10.20.0.2@o2ib:/work", "/lustre/scratch", "lustre", ("rw", "flock"))
+    other_fs = MountEntry("10.30.0.201@o2ib:10.30.0.202@o2ib:/work", "/lustre/scratch", "lustre", ("rw", "flock"))
     assert [f.observed for f in storage.compare_mount("gpu01", exp, other_fs)] == [other_fs.source]
     no_flock = MountEntry(exp.sources[0], "/lustre/scratch", "lustre", ("rw", "localflock"))
     assert "flock not in effect" in storage.compare_mount("gpu01", exp, no_flock)[0].message
@@ -275,8 +275,8 @@ class FakeRemote:
 
 
 def _good_table(c: Cluster) -> str:
-    return ("10.10.0.2:/export/home /home nfs4 " + ",".join(GOOD_OPTS) + " 0 0\n"
-            "10.20.0.1@o2ib:10.20.0.2@o2ib:/scratch /lustre/scratch lustre rw,flock,lazystatfs 0 0\n")
+    return ("10.30.0.2:/export/home /home nfs4 " + ",".join(GOOD_OPTS) + " 0 0\n"
+            "10.30.0.201@o2ib:10.30.0.202@o2ib:/scratch /lustre/scratch lustre rw,flock,lazystatfs 0 0\n")
 
 
 def test_check_storage_all_good_with_roundtrip_and_throughput() -> None:
