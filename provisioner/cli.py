@@ -323,8 +323,8 @@ def status_cmd(
 def verify_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, ipoib, bandwidth, "
-                                             "gpudirect, nccl, cabling, storage (default: the spec's "
+    only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, ipoib, "
+                                             "bandwidth, gpudirect, nccl, cabling, storage (default: the spec's "
                                              "verify.tests).")] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="Bandwidth mode quick|full (default: the spec's).")]
     = None,
@@ -524,6 +524,7 @@ def lab_up_cmd(
     """Start one systemd container per node of the spec, with simulated GPUs/HCAs, SSH and known_hosts."""
     from provisioner.lab import faults, fromspec
     from provisioner.lab.cluster import cluster_dir, lab_up
+    from provisioner.lab.ipoib import lab_ipoib_links
 
     cluster, warnings = load_cluster(spec)
     _print_diagnostics(warnings)
@@ -532,7 +533,8 @@ def lab_up_cmd(
         if faults_file else []
     info = lab_up(cluster.name, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
                   fromspec.lab_cables(cluster), max_nodes=max_nodes, progress=_log,
-                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster))
+                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster),
+                  ipoib_links=lab_ipoib_links(cluster))
     root = str(cluster_dir(cluster.name))
     fromspec.write_switch_links(root, fromspec.lab_switch_links(cluster))
     for record in faults.apply_fault_list(root, wanted):

@@ -6,6 +6,8 @@ dependency, listed before ``create`` in every sequence).  It reads the scenario'
 
     cluster: mol-driver              # lab cluster name (node.json "cluster")
     network: false                   # true: also make sure the lab's podman network exists
+    ipoib_networks: []               # simulated IPoIB networks to create (provisioner/lab/ipoib.py); the
+                                     #   scenario's destroy.yml removes them
     versions:                        # VendorVersions sets built into the repository;
       - {}                           #   the first is the pinned set (defaults = the lab's pins)
       - {driver: "550.127.05"}       #   the others are newer "drift" versions that pins must beat
@@ -59,6 +61,7 @@ class LabPlan:
     nodes: tuple[LabNodeSpec, ...]
     versions: tuple[VendorVersions, ...]
     network: bool = False
+    ipoib_networks: tuple[str, ...] = ()
 
 
 def _known_keys(cls: type[Any]) -> set[str]:
@@ -110,7 +113,10 @@ def parse_plan(data: Any, where: str = "lab.yml") -> LabPlan:
     hosts = [n.hostname for n in nodes]
     if len(set(hosts)) != len(hosts):
         raise LabError(f"{where}: a hostname is listed twice")
-    return LabPlan(cluster, tuple(nodes), tuple(versions), bool(data.get("network", False)))
+    ipoib_nets = data.get("ipoib_networks", [])
+    if not isinstance(ipoib_nets, list) or not all(isinstance(n, str) and n.startswith("plab-") for n in ipoib_nets):
+        raise LabError(f"{where}: 'ipoib_networks' must be a list of plab-... network names")
+    return LabPlan(cluster, tuple(nodes), tuple(versions), bool(data.get("network", False)), tuple(ipoib_nets))
 
 
 def load_plan(path: Path) -> LabPlan:
@@ -154,6 +160,14 @@ def prepare_host(plan: LabPlan, say: Any = print) -> None:
     image.ensure_image(lambda m: say(f"labprep: {m}"))
     if plan.network:
         network.ensure_network()
+    if plan.ipoib_networks:
+        from provisioner.lab.host import podman
+        from provisioner.lab.ipoib import create_args
+
+        for name in plan.ipoib_networks:
+            if podman("network", "exists", name, check=False).returncode != 0:
+                podman(*create_args(name))
+                say(f"labprep: simulated IPoIB network {name} created")
 
 
 def main(argv: list[str]) -> int:

@@ -25,7 +25,7 @@ from typing import Any
 import yaml
 
 from provisioner.errors import LabError
-from provisioner.lab import hardware, image, network, vendor_repo
+from provisioner.lab import hardware, image, ipoib, network, vendor_repo
 from provisioner.lab.hardware import LabCable, LabNodeSpec, LabSwitch
 from provisioner.lab.host import (
     Progress,
@@ -170,6 +170,10 @@ LAB_SITE_VARS: dict[str, bool | str] = {
     # "site-built" nccl-tests package (an MPI build) instead of compiling the pinned tag, which the lab cannot
     # prove (docs/lab-hardware-model.md, "nccl-tests and Open MPI").
     "nccl_tests_build_from_source": False,
+    # The lab's IPoIB netdevs are veth links named like the spec's (provisioner/lab/ipoib.py): the ipoib role
+    # configures and checks their addresses and MTU, and says the IPoIB mode and P_Key cannot take effect there;
+    # `provision verify` reports those as not checked.
+    "ipoib_require_infiniband": False,
 }
 """What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
 
@@ -253,16 +257,20 @@ def export_mount_args(paths: Sequence[str]) -> list[str]:
 
 
 def run_args(cluster: str, host: str, ip: str, state_dir: Path, image_name: str = image.IMAGE,
-             exports: Sequence[str] = ()) -> list[str]:
-    """``podman run`` arguments for one node container (``exports``: the NFS paths it serves, if any)."""
+             exports: Sequence[str] = (), ipoib_links: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """``podman run`` arguments for one node container (``exports``: the NFS paths it serves, if any;
+    ``ipoib_links``: its simulated IPoIB interfaces, ``(podman network, interface name)``)."""
     sys_class = state_dir / "nodes" / host / labstate.SYSFS_PREFIX
+    # with more than one network, podman takes the address as an option of its network
+    net = ["--network", f"{NETWORK}:ip={ip}"] if ipoib_links else ["--network", NETWORK, "--ip", ip]
     return [
         "run", "--detach",
         "--name", container_name(cluster, host),
         "--hostname", host,
         "--label", f"{CLUSTER_LABEL}={cluster}",
         "--label", f"{HOST_LABEL}={host}",
-        "--network", NETWORK, "--ip", ip,
+        *net,
+        *ipoib.network_args(ipoib_links),
         "--systemd=always",
         "--volume", f"{state_dir}:{labstate.LAB_ROOT}:rw",
         "--volume", f"{sys_class}:/sys/class:ro",
@@ -331,11 +339,16 @@ def _load_overlay_addresses(path: Path) -> dict[str, str]:
 
 
 def _start(cluster: str, host: str, ip: str, state_dir: Path, existing: dict[str, Any] | None,
-           exports: Sequence[str] = ()) -> bool:
+           exports: Sequence[str] = (), ipoib_links: Sequence[tuple[str, str]] = ()) -> bool:
     """Create or start one node's container; True when created."""
     if existing is None:
-        podman(*run_args(cluster, host, ip, state_dir, exports=exports), timeout=180)
+        podman(*run_args(cluster, host, ip, state_dir, exports=exports, ipoib_links=ipoib_links), timeout=180)
         return True
+    missing = {net for net, _ in ipoib_links} - ipoib.attached(container_name(cluster, host))
+    if missing:
+        raise LabError(f"{host}'s container was created without the simulated IPoIB network(s) "
+                       f"{', '.join(sorted(missing))} the spec now plans",
+                       hint=f"recreate the lab: provision lab down {cluster}; provision lab up <spec>")
     if existing.get("State") in ("exited", "created", "stopped"):
         podman("start", container_name(cluster, host), timeout=120)
     return False
@@ -370,6 +383,7 @@ def lab_up(
     progress: Progress = _quiet,
     versions: VendorVersions | None = None,
     nfs_exports: Mapping[str, Sequence[str]] | None = None,
+    ipoib_links: Mapping[str, Sequence[tuple[str, str]]] | None = None,
 ) -> LabInfo:
     """Bring the lab cluster up (or make sure it is up); see the module docstring.
 
@@ -377,6 +391,7 @@ def lab_up(
     also builds the signed vendor repository and points the overlay's repositories at it.
     ``nfs_exports`` (:func:`provisioner.lab.fromspec.lab_nfs_exports`) names the paths each NFS
     server node exports; they get a Ganesha-exportable tmpfs when the container is created.
+    ``ipoib_links`` (:func:`provisioner.lab.ipoib.lab_ipoib_links`) gives nodes their simulated IPoIB interfaces.
     """
     cluster = check_name(cluster_name, "cluster name")
     for spec in nodes:
@@ -394,6 +409,10 @@ def lab_up(
     ensure_containers_conf()
     image.ensure_image(progress)
     network.ensure_network()
+    links = {h: list(v) for h, v in (ipoib_links or {}).items()}
+    made = ipoib.ensure_networks(links)
+    if made:
+        progress(f"simulated IPoIB networks created: {', '.join(made)}")
 
     state_dir = cluster_dir(cluster)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -416,7 +435,7 @@ def lab_up(
     with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(hosts)))) as pool:
         created_flags = list(pool.map(
             lambda h: _start(cluster, h, addresses[h], state_dir, current.get(container_name(cluster, h)),
-                             exports.get(h, ())),
+                             exports.get(h, ()), links.get(h, ())),
             hosts,
         ))
     created = [h for h, made in zip(hosts, created_flags, strict=True) if made]
@@ -464,6 +483,7 @@ def lab_down(cluster_name: str, progress: Progress = _quiet) -> list[str]:
     gnupg_home = vendor_gnupg_home(cluster)
     if gnupg_home.exists():
         shutil.rmtree(gnupg_home)
+    ipoib.remove_networks(cluster)
     network.remove_network_if_unused()
     return names
 

@@ -31,7 +31,8 @@ Runner = Callable[[list[str]], None]
 """Runs one podman command (arguments after ``podman``)."""
 
 PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", "slow_link", "flapping")
-NODE_FAULTS = ("gpu_missing", "peermem_missing", "unreachable", "sm_killed", "hardware_swap")
+NODE_FAULTS = ("gpu_missing", "peermem_missing", "unreachable", "sm_killed", "hardware_swap", "ipoib_down",
+               "ipoib_wrong_address")
 FABRIC_FAULTS = ("cables_swapped",)
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS
 
@@ -151,11 +152,42 @@ def apply_fault(
                          "rm -f /etc/ssh/ssh_host_* && ssh-keygen -A >/dev/null && systemctl restart ssh"])
     elif kind == "cables_swapped":
         record.update(_swap_cables(host, params, fabric))
+    elif kind in ("ipoib_down", "ipoib_wrong_address"):
+        record.update(_ipoib_fault(ctr, kind, params, commands))
     for existing in node.get("faults", []):
         if kind != "hardware_swap" and _identity(existing) == _identity(record):
             raise LabError(f"{host}: fault {kind} is already injected there", hint="clear it first")
     node.setdefault("faults", []).append(record)
     return record, commands
+
+
+_NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
+_CIDR_RE = re.compile(r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}$")
+
+
+def _ipoib_saved(netdev: str) -> str:
+    """Where a node keeps the addresses an ipoib_wrong_address fault replaced (its own /run, gone at reboot)."""
+    return f"/run/provisioner-lab-fault-{netdev}.addresses"
+
+
+def _ipoib_fault(ctr: str, kind: str, params: dict[str, Any], commands: list[list[str]]) -> dict[str, Any]:
+    """ipoib_down: the interface set administratively down in the node; ipoib_wrong_address: its IPv4 addresses
+    replaced by ``address`` (the old ones saved in the node, put back on clear). Both act on the node's real
+    (simulated-IPoIB) link, as an operator's mistake or a stray tool would."""
+    netdev = str(params.get("netdev", ""))
+    if not _NETDEV_RE.match(netdev):
+        raise LabError(f"{kind} needs netdev=<IPoIB interface>", hint="e.g. netdev=ibp23s0 (the spec's netdev)")
+    if kind == "ipoib_down":
+        commands.append(["exec", ctr, "ip", "link", "set", "dev", netdev, "down"])
+        return {"netdev": netdev}
+    address = str(params.get("address", ""))
+    if not _CIDR_RE.match(address):
+        raise LabError("ipoib_wrong_address needs address=<A.B.C.D/prefix>", hint="e.g. address=10.30.0.99/24")
+    saved = _ipoib_saved(netdev)
+    commands.append(["exec", ctr, "sh", "-c",
+                     f"ip -o -4 addr show dev {netdev} scope global | awk '{{print $4}}' > {saved} && "
+                     f"ip addr flush dev {netdev} scope global && ip addr add {address} dev {netdev}"])
+    return {"netdev": netdev, "address": address}
 
 
 def _identity(record: dict[str, Any]) -> dict[str, Any]:
@@ -213,6 +245,13 @@ def revert_fault(
         commands.append(["exec", ctr, "systemctl", "start", str(record["unit"])])
     elif kind == "cables_swapped":
         _swap_cables(str(node["hostname"]), record, fabric)  # swapping again restores
+    elif kind == "ipoib_down":
+        commands.append(["exec", ctr, "ip", "link", "set", "dev", str(record["netdev"]), "up"])
+    elif kind == "ipoib_wrong_address":
+        dev, saved = str(record["netdev"]), _ipoib_saved(str(record["netdev"]))
+        commands.append(["exec", ctr, "sh", "-c",
+                         f"ip addr flush dev {dev} scope global && while read -r a; do ip addr add \"$a\" dev {dev}; "
+                         f"done < {saved} && rm -f {saved}"])
     # hardware_swap is not undone: a replaced board stays replaced; clearing only forgets it.
     node["faults"] = [f for f in node.get("faults", []) if f is not record]
     return commands
@@ -312,10 +351,13 @@ PARAMS: dict[str, dict[str, str]] = {
     "unreachable": {"method": "method"},
     "sm_killed": {"unit": "unit"},
     "hardware_swap": {},
+    "ipoib_down": {"netdev": "netdev"},
+    "ipoib_wrong_address": {"netdev": "netdev", "address": "cidr"},
     "cables_swapped": {**_PORT_PARAMS, "other_host": "host", "other_device": "device", "other_port": "int"},
 }
 """The parameters each fault kind takes, and the kind of value each one is (see :func:`check_params`)."""
-_REQUIRED = {"device": {k for k, v in PARAMS.items() if "device" in v}}
+_REQUIRED = {"device": {k for k, v in PARAMS.items() if "device" in v},
+             "netdev": {"ipoib_down", "ipoib_wrong_address"}, "address": {"ipoib_wrong_address"}}
 
 
 @dataclass(frozen=True)
@@ -346,7 +388,8 @@ def _value(kind: str, value: object) -> object:
         if str(value) not in choices[kind]:
             raise ValueError("one of " + ", ".join(choices[kind]))
         return str(value)
-    pattern = {"device": _DEVICE_RE, "host": _HOST_RE, "module": _MODULE_RE, "unit": _UNIT_RE}[kind]
+    pattern = {"device": _DEVICE_RE, "host": _HOST_RE, "module": _MODULE_RE, "unit": _UNIT_RE,
+               "netdev": _NETDEV_RE, "cidr": _CIDR_RE}[kind]
     if not isinstance(value, str) or not pattern.match(value):
         raise ValueError(f"a name matching {pattern.pattern}")
     return value

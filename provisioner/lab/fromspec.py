@@ -23,7 +23,8 @@ def lab_nodes(cluster: Cluster) -> list[LabNodeSpec]:
             LabHca(device=p.device, port=p.port, rail=p.rail if p.rail is not None else 0, gpu=p.gpu,
                    rate_gbps=int(p.rate_gbps), width=p.width,
                    link_layer="InfiniBand" if p.link_layer == "infiniband" else "Ethernet",
-                   numa=p.numa if p.numa is not None else (0 if (p.gpu or 0) < max(1, n.gpu_count) // 2 else 1))
+                   numa=p.numa if p.numa is not None else (0 if (p.gpu or 0) < max(1, n.gpu_count) // 2 else 1),
+                   netdev=p.netdev)
             for p in n.ports)
         out.append(LabNodeSpec(
             hostname=n.name, gpu_model=model.smi_name if model else "NVIDIA GPU",

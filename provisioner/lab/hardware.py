@@ -47,6 +47,7 @@ class LabHca:
     width: str = "4X"
     link_layer: str = "InfiniBand"
     numa: int = 0
+    netdev: str | None = None  # the spec's netdev name; None: the name udev would give (ibp<bus>s0)
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ def hca_record(cluster: str, host: str, hca: LabHca, index: int, generation: int
         "node_guid": node_guid,
         "sys_image_guid": node_guid,
         "port_guid": port_guid,
-        "netdev": netdev_name(bus, hca.link_layer),
+        "netdev": hca.netdev or netdev_name(bus, hca.link_layer),
         "link_layer": hca.link_layer,
         "rate_gbps": hca.rate_gbps,
         "width": hca.width,

@@ -72,3 +72,13 @@ def ipoib_group_mtus(cluster: Cluster) -> dict[str | None, int]:
 def nfs_rdma_servers(cluster: Cluster) -> set[str]:
     """Servers some mount reaches over NFS/RDMA: their kernel server must listen on rdma 20049."""
     return {m.server for m in cluster.spec.storage.nfs.mounts if m.transport == "rdma"}
+
+
+NFS_RDMA_PACKAGES = {"doca": ["mlnx-nfsrdma-dkms"], "mlnx_ofed": ["mlnx-nfsrdma-dkms"]}
+"""The NFS/RDMA kernel modules of each OFED flavour: DOCA-OFED and MLNX_OFED replace ib_core, so the kernel's own
+rpcrdma no longer loads and their mlnx-nfsrdma-dkms provides one built against it (DOCA-Host installation guide,
+"Storage Installation": apt install mlnx-nfsrdma-dkms); the inbox stack keeps the kernel's."""
+
+
+def nfs_rdma_packages(spec: Spec) -> list[str]:
+    return list(NFS_RDMA_PACKAGES.get(spec.software.ofed.flavor, []))

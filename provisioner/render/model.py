@@ -270,6 +270,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "doca_ofed_version": spec.software.ofed.version,
         "lustre_client_version": spec.software.lustre_client,
         "lustre_client_built_against_ofed": ipoib_render.built_against_ofed(spec),
+        "nfs_server_rdma_packages": ipoib_render.nfs_rdma_packages(spec),
+        "nfs_client_rdma_packages": ipoib_render.nfs_rdma_packages(spec),
         "opensm_kind": sm.kind if sm else None,
         "opensm_build": sm.build if sm else None,
         "opensm_routing_engines": engines,

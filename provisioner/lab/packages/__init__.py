@@ -464,6 +464,8 @@ def ofed_recipes(v: VendorVersions) -> list[PackageRecipe]:
     tool_ver = f"{v.ofed.split('-', 1)[0]}.0-1.{compact}"
     store = f"{MODULE_STORE}/mlnx-ofed-{v.ofed}"
     kmod_postinst, kmod_prerm = _module_scripts(store)
+    nfs_store = f"{MODULE_STORE}/mlnx-nfsrdma-{v.ofed}"
+    nfs_postinst, nfs_prerm = _module_scripts(nfs_store)
     components = {
         "ofed-scripts": comp,
         "mlnx-tools": tool_ver,
@@ -527,6 +529,18 @@ WantedBy=multi-user.target
             files=_module_files(store, OFED_MODULES, f"OFED {v.ofed}"),
             postinst=kmod_postinst,
             prerm=kmod_prerm,
+        ),
+        PackageRecipe(
+            # DOCA-Host's NFS/RDMA modules, rebuilt against its ib_core (not in doca-ofed: installed by name, as
+            # the DOCA-Host installation guide's "Storage Installation" says); a stand-in rpcrdma module here
+            "mlnx-nfsrdma-dkms",
+            comp,
+            "DKMS support for NFS RDMA kernel module, lab stand-in",
+            "kernel",
+            depends=(f"mlnx-ofed-kernel-dkms (= {comp})",),
+            files=_module_files(nfs_store, ("rpcrdma",), f"OFED {v.ofed} NFS/RDMA"),
+            postinst=nfs_postinst,
+            prerm=nfs_prerm,
         ),
         PackageRecipe(
             "perftest",
