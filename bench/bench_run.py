@@ -38,6 +38,7 @@ from pathlib import Path
 from provisioner.lab import fromspec
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
 from provisioner.lab.host import ensure_containers_conf
+from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.phases import RunOptions, provision_run
 from provisioner.runner import DEFAULT_FORKS, PLAYBOOKS_DIR, ansible_settings, render_ansible_cfg
 from provisioner.spec import load_cluster
@@ -70,6 +71,12 @@ def scaled_spec(nodes: int, name: str, dest: Path) -> Path:
     addrs = f'"10.213.38.[11-{10 + gpus}]"' if gpus > 1 else "10.213.38.11"
     ports = f"1-{gpus}" if gpus > 1 else '"1"'
     text = text.replace('"gpu[01-03]"', names).replace('"10.213.38.[11-13]"', addrs)
+    # the IPoIB addresses follow the GPU nodes (rail 0 also has sm1's), the tenant partition keeps two at most
+    last = 10 + gpus
+    text = text.replace('"10.30.0.[11-13,21]"', f'"10.30.0.[11-{last},21]"' if gpus > 1 else '"10.30.0.[11,21]"')
+    text = text.replace('"10.30.1.[11-13]"', f'"10.30.1.[11-{last}]"' if gpus > 1 else "10.30.1.11")
+    if gpus == 1:
+        text = text.replace('members: "gpu[01-02]"', "members: gpu01").replace('"10.31.0.[11-12]"', "10.31.0.11")
     text = re.sub(r"ports: 1-3\}", f"ports: {ports}}}", text)
     text = text.replace("cluster: {name: e2e,", f"cluster: {{name: {name},")
     path = dest / f"{name}.yaml"
@@ -87,7 +94,7 @@ def bring_up(spec: Path) -> LabInfo:
     cluster, _ = load_cluster(spec)
     info = lab_up(cluster.name, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
                   fromspec.lab_cables(cluster), versions=fromspec.lab_versions(cluster),
-                  nfs_exports=fromspec.lab_nfs_exports(cluster))
+                  nfs_exports=fromspec.lab_nfs_exports(cluster), ipoib_links=lab_ipoib_links(cluster))
     fromspec.write_switch_links(str(cluster_dir(cluster.name)), fromspec.lab_switch_links(cluster))
     return info
 

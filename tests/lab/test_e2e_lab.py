@@ -32,7 +32,9 @@ import pytest
 from provisioner import cli
 from provisioner.lab import faults, fromspec
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
-from provisioner.lab.host import ensure_containers_conf
+from provisioner.lab.host import ensure_containers_conf, podman
+from provisioner.lab.ipoib import lab_ipoib_links
+from provisioner.lab.names import container_name
 from provisioner.phases import PHASE_NAMES, one_line
 from provisioner.progress import LiveReporter
 from provisioner.spec import load_cluster
@@ -75,7 +77,8 @@ def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
     cluster, _ = load_cluster(spec)
     request.addfinalizer(lambda: lab_down(CLUSTER))
     info = lab_up(CLUSTER, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster), fromspec.lab_cables(cluster),
-                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster))
+                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster),
+                  ipoib_links=lab_ipoib_links(cluster))
     fromspec.write_switch_links(str(cluster_dir(CLUSTER)), fromspec.lab_switch_links(cluster))
     yield Lab(info, spec, d / "state")
 
@@ -118,6 +121,14 @@ def test_fresh_lab_converges_and_verifies_green(lab: Lab, capsys: pytest.Capture
     verify_note = j.phase("verify").note or ""  # type: ignore[union-attr]
     assert verify_note.startswith("PASS"), verify_note
     assert f"run {j.run_id}: passed" in stderr and "retry them:" not in stderr
+    # IPoIB: the role configured every planned interface and verify's ipoib check passed on every node
+    report = json.loads((lab.state / "verify" / "latest" / "report.json").read_text(encoding="utf-8"))
+    ipoib = {c["node"]: c for c in report["checks"] if c["name"] == "ipoib"}
+    assert sorted(ipoib) == HOSTS and all(c["passed"] for c in ipoib.values()), ipoib
+    assert ipoib["gpu01"]["measurements"] == {"interfaces": 3, "healthy": 3}  # rail0, its P_Key child, rail1
+    # the NFS/RDMA mount names sm1's IPoIB address with proto=rdma,port=20049 (written; the lab cannot mount it)
+    unit = podman("exec", container_name(CLUSTER, "gpu01"), "cat", "/etc/systemd/system/scratch.mount").stdout
+    assert "What=10.30.0.21:/export/scratch\n" in unit and "proto=rdma,port=20049" in unit, unit
 
 
 def _pause_on_first_task(lab: Lab, monkeypatch: pytest.MonkeyPatch, host: str) -> list[str]:

@@ -36,6 +36,7 @@ from provisioner.lab import cluster as lab
 from provisioner.lab import faults
 from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
 from provisioner.lab.host import ensure_containers_conf, podman
+from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.lab.names import container_name
 from provisioner.spec import Cluster, load_cluster
 from provisioner.verify import VerifyRun, verify
@@ -55,8 +56,9 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES}",
-            "sm": "opensm doca-ofed"}
+PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES} "
+                   "iputils-ping",
+            "sm": "opensm doca-ofed iputils-ping"}
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
 
 
@@ -92,6 +94,12 @@ def _converge(host: str) -> None:
         sh(host, "modprobe nvidia_peermem")
 
 
+def _configure_ipoib(cluster: Cluster, host: str) -> None:
+    """Stand-in for the ipoib role: the planned address and MTU on each simulated IPoIB link, set up."""
+    sh(host, " && ".join(f"ip addr replace {i.cidr} dev {i.netdev} && ip link set dev {i.netdev} mtu {i.mtu} up"
+                         for i in cluster.ipoib_of(host)))
+
+
 def _start_sm(host: str) -> None:
     sh(host, f"mkdir -p /etc/opensm && printf 'sm_priority {SM_PRIORITY[host]}\\n' > /etc/opensm/opensm.conf && "
              "systemctl start opensmd && systemctl is-active opensmd")
@@ -108,7 +116,7 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     ensure_containers_conf()
     spec = tmp_path_factory.mktemp("spec") / "cluster.yaml"
     text = EXAMPLE.read_text().replace("cluster: {name: lab,", f"cluster: {{name: {NAME},")
-    spec.write_text(text + "  tests: [links, bandwidth, gpudirect, nccl, cabling]\n")
+    spec.write_text(text + "  tests: [links, ipoib, bandwidth, gpudirect, nccl, cabling]\n")
     base, _ = load_cluster(spec)
 
     def teardown() -> None:
@@ -121,11 +129,14 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
         assert left == [], left
 
     request.addfinalizer(teardown)  # also after a failed bring-up
-    info = lab.lab_up(NAME, lab_nodes(base), lab_switches(base), lab_cables(base), versions=lab_versions(base))
+    info = lab.lab_up(NAME, lab_nodes(base), lab_switches(base), lab_cables(base), versions=lab_versions(base),
+                      ipoib_links=lab_ipoib_links(base))
     with ThreadPoolExecutor(max_workers=len(HOSTS)) as pool:
         list(pool.map(_converge, HOSTS))
     known_hosts = yaml.safe_load(info.overlay.read_text())["ssh"]["known_hosts"]
     mpi_trust(sh, GPU_NODES, Path(known_hosts).read_text(encoding="utf-8"))  # what the nccl role sets up
+    for host in HOSTS:
+        _configure_ipoib(base, host)
     _start_sm("sm1")
     cluster, _ = load_cluster(spec, info.overlay)
     wait_for("every port Active under sm1", lambda: _all_active(cluster))
@@ -169,7 +180,7 @@ def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
     assert run.exit_code == 0, show(run.report.findings())
     assert not serious(run), show(serious(run))
     ran = {c.name for c in run.report.checks}
-    assert {"links", "versions", "subnet_manager", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
+    assert {"links", "versions", "subnet_manager", "ipoib", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
             "cabling"} <= ran, ran
 
 
@@ -326,6 +337,32 @@ def test_cables_swapped_are_named_at_the_switch_ports(labc: Lab) -> None:
     ], show(run.report.findings())
     assert "move the cable from leaf1 port 2 to leaf1 port 1" in found[0].hint
     assert_only_blamed(run, {"gpu01", "gpu02"})
+
+
+def test_ipoib_down_is_named_on_its_node_and_the_peers_stay_green(labc: Lab) -> None:
+    inject(labc, "gpu02", "ipoib_down", netdev="ibp23s0")
+    try:
+        run = verify(labc.cluster, tests=["ipoib"], write=False)
+    finally:
+        clear(labc, "gpu02", "ipoib_down")
+    found = errors_of(run, "ipoib")
+    assert [(f.node, f.device, f.port) for f in found] == [("gpu02", "mlx5_0", 1)], show(run.report.findings())
+    assert found[0].message.startswith("ibp23s0: is down")
+    assert_only_blamed(run, {"gpu02"})  # gpu01/gpu03/sm1 ping another, healthy peer on rail0
+
+
+def test_ipoib_wrong_address_is_named_with_both_addresses(labc: Lab) -> None:
+    inject(labc, "gpu03", "ipoib_wrong_address", netdev="ibp41s0", address="10.30.1.99/24")
+    try:
+        run = verify(labc.cluster, tests=["ipoib"], write=False)
+    finally:
+        clear(labc, "gpu03", "ipoib_wrong_address")
+    found = errors_of(run, "ipoib")
+    assert [(f.node, f.device, f.expected, f.observed) for f in found] == [
+        ("gpu03", "mlx5_1", "10.30.1.13/24", "10.30.1.99/24")], show(run.report.findings())
+    assert_only_blamed(run, {"gpu03"})
+    again = verify(labc.cluster, tests=["ipoib"], write=False)  # clearing put the planned address back
+    assert again.exit_code == 0, show(again.report.findings())
 
 
 def test_every_fault_kind_has_a_test_here() -> None:

@@ -15,7 +15,7 @@ from provisioner.spec.load import load_text
 
 ROOT = Path(__file__).resolve().parents[2]
 LAB_SPEC = ROOT / "examples" / "lab" / "cluster.yaml"
-LAB_EXPORT_URL = "nfs://10.213.38.21/export/shared/"
+LAB_EXPORT_URL = "nfs://10.30.0.21/export/shared/"
 
 
 def lab_cluster(site_vars: Mapping[str, Any] | None = None) -> Cluster:

@@ -376,7 +376,7 @@ def test_missing_mount_fails_when_the_kernel_has_nfs_or_the_site_requires_it() -
 
 
 def test_a_wrong_mount_is_never_excused_by_the_site_switch() -> None:
-    table = "10.213.38.21:/export/shared /shared nfs4 ro,vers=4.2,proto=tcp 0 0\n"
+    table = "10.30.0.21:/export/shared /shared nfs4 ro,vers=4.2,proto=tcp 0 0\n"
     remote = NoKernelNfsRemote(tables={"gpu01": table})
     r = next(r for r in storage.check_storage(lab_cluster(), remote) if r.node == "gpu01")
     assert not r.passed and r.skipped is None and [f.message for f in r.findings] == ["/shared: mounted read-only"]
@@ -389,7 +389,7 @@ def test_export_not_served_is_an_error_on_the_server() -> None:
     (f,) = export.findings
     assert (f.check, f.severity, f.node, f.peer) == ("storage_export", "error", "sm1", "gpu01")
     assert f.message == ("sm1:/export/shared: gpu01 cannot write to the export over NFS (Failed to mount nfs share : "
-                         "nfs_service failed; Failed to open nfs://10.213.38.21/export/shared/x?version=4)")
+                         "nfs_service failed; Failed to open nfs://10.30.0.21/export/shared/x?version=4)")
 
 
 def test_export_written_elsewhere_than_the_specs_path_is_an_error() -> None:
