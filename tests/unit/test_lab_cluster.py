@@ -38,7 +38,9 @@ def test_overlay_shape() -> None:
                                   "lustre_client_require_kernel_support": False,
                                   "nfs_client_userspace_tools": True,
                                   "nfs_server_ganesha_graceless": True,
-                                  "nccl_tests_build_from_source": False}}
+                                  "nccl_tests_build_from_source": False,
+                                  # the lab's IPoIB links are veth pairs (provisioner/lab/ipoib.py)
+                                  "ipoib_require_infiniband": False}}
 
 
 def test_overlay_site_vars_are_role_variables_the_spec_accepts() -> None:
