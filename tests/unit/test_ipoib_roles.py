@@ -91,19 +91,24 @@ CHILD = _plan(name="ibp23s0.8001", address="10.31.0.11", mode="datagram", mtu=20
               pkey="0x8001")
 
 
-def _render(name: str, **context: Any) -> str:
+def _render(name: str, simulated: bool = False, **context: Any) -> str:
     return ENV.get_template(name).render(ansible_managed="managed", ipoib_parents=[PARENT],
-                                         ipoib_children=[CHILD], **context)
+                                         ipoib_children=[CHILD], ipoib_simulated=simulated, **context)
 
 
-def test_networkd_files_carry_address_mtu_mode_and_the_child() -> None:
+def test_networkd_files_carry_address_mtu_and_the_child() -> None:
     parent = _render("ipoib.network.j2", item=PARENT)
     assert "Name=ibp23s0\n" in parent and "MTUBytes=2044\n" in parent and "Address=10.30.0.11/24\n" in parent
-    assert "IPoIB=ibp23s0.8001\n" in parent and "[IPoIB]\nMode=datagram\n" in parent
+    assert "IPoIB=ibp23s0.8001\n" in parent
+    # networkd 252 (Debian 12) rejects [IPoIB] in .network files ("Unknown section 'IPoIB'"): the mode goes via udev
+    assert "[IPoIB]" not in parent
+    assert "IPoIB=" not in _render("ipoib.network.j2", simulated=True, item=PARENT)  # no Kind=ipoib child to list
     child = _render("ipoib.network.j2", item=CHILD)
-    assert "Address=10.31.0.11/24\n" in child and "[IPoIB]" not in child and "IPoIB=" not in child
+    assert "Address=10.31.0.11/24\n" in child and "IPoIB=" not in child
     netdev = _render("ipoib-child.netdev.j2", item=CHILD)
     assert "Kind=ipoib\n" in netdev and "PartitionKey=0x8001\n" in netdev and "Mode=datagram\n" in netdev
+    rules = _render("ipoib-mode.rules.j2")
+    assert 'KERNEL=="ibp23s0", ATTR{mode}="datagram"\n' in rules and "ibp23s0.8001" not in rules
 
 
 def test_netplan_file_is_valid_yaml_with_infiniband_mode() -> None:
