@@ -107,8 +107,8 @@ def test_preflight_gpu_names_follow_the_catalog() -> None:
 GOLDEN = ROOT / "tests/golden/h100-ndr-8node"
 
 
-@pytest.mark.parametrize("role", ["vendor_repos", "preflight", "nvidia_driver", "cuda", "ipoib", "nfs_server", "nfs_client",
-                                  "lustre_client"])
+@pytest.mark.parametrize("role", ["vendor_repos", "preflight", "nvidia_driver", "cuda", "ipoib", "nfs_server",
+                                  "nfs_client", "lustre_client"])
 def test_role_options_use_the_rendered_inventory_names(role: str) -> None:
     """Every rendered variable a role reads is declared in its argument spec under the same name."""
     rendered = set(_yaml(GOLDEN / "group_vars/all.yml")) | set(_yaml(GOLDEN / "host_vars/gpu01.yml"))
