@@ -56,9 +56,8 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES} "
-                   "iputils-ping",
-            "sm": "opensm doca-ofed iputils-ping"}
+PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES}",
+            "sm": "opensm doca-ofed"}
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
 
 
@@ -95,7 +94,10 @@ def _converge(host: str) -> None:
 
 
 def _configure_ipoib(cluster: Cluster, host: str) -> None:
-    """Stand-in for the ipoib role: the planned address and MTU on each simulated IPoIB link, set up."""
+    """Stand-in for the ipoib role: ping (Debian's, as the role installs it), the planned address and MTU on each
+    simulated IPoIB link, set up."""
+    sh(host, "DEBIAN_FRONTEND=noninteractive apt-get -q update >/dev/null && "
+             "DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends iputils-ping >/dev/null")
     sh(host, " && ".join(f"ip addr replace {i.cidr} dev {i.netdev} && ip link set dev {i.netdev} mtu {i.mtu} up"
                          for i in cluster.ipoib_of(host)))
 
