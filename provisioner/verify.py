@@ -442,13 +442,13 @@ class _Verifier:
         return run
 
     def _bad_ports(self) -> set[tuple[str, str]]:
-        """Ports the port-level checks convicted: their slow flows in the load round are theirs, not the fabric's."""
+        """Ports the port-level checks named (an error or a warning): their slow flows in the load round are
+        theirs, not the fabric's."""
         out: set[tuple[str, str]] = set()
         for c in self.checks:
             for f in c.findings:
-                if f.severity != "error" or not f.node or not f.device:
-                    continue
-                if f.check == links.CHECK or (f.check == "pairwise_bandwidth" and f.peer is None):
+                if f.severity in ("error", "warning") and f.node and f.device \
+                        and f.check in (links.CHECK, "pairwise_bandwidth"):
                     out.add((f.node, f.device))
         return out
 

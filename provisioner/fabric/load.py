@@ -16,10 +16,11 @@ so a leaf that lost uplinks, or a spine that died, passes them. This round does 
   flow half a port): the spec's oversubscription, not the live fabric's. A flow passes at
   ``verify.bandwidth.min_fraction`` of that.
 * **Who is to blame for a slow flow.** A flow touching a port the pairwise rounds or the link check already
-  convicted is explained by it (info). Slow flows through a switch whose uplinks are short
-  (:mod:`provisioner.fabric.switchlinks`) are blamed on that switch, with its effective oversubscription —
-  not on the nodes behind it. Slow flows left over are blamed on the one leaf they all share, or on the pair of
-  leaves between which they ran.
+  named (an error or a warning on it) is explained by it (info). Slow flows through a switch whose uplinks are
+  short (:mod:`provisioner.fabric.switchlinks`) are blamed on that switch, with its effective
+  oversubscription — not on the nodes behind it. If the slow flows left all share one port (and some flows
+  ran at rate), that port is named: it fails under load only. What is left is blamed on the one leaf the slow
+  flows all share, or on the pair of leaves between which they ran.
 """
 
 from __future__ import annotations
@@ -170,15 +171,44 @@ def _flow_info(f: Flow, run: PairRun, floor: float) -> Finding:
                    rail=f.src_rail, peer=f.dst)
 
 
+def _leaf_findings(flows: Sequence[Flow], rest: Sequence[Flow], floors: Mapping[Flow, float]) -> list[Finding]:
+    """Slow flows no port and no short switch explains: the one leaf they all share, else each leaf pair."""
+    common = frozenset.intersection(*(f.leaves for f in rest))
+    pairs: dict[frozenset[str], list[Flow]] = defaultdict(list)
+    for f in rest:
+        pairs[f.leaves].append(f)
+    if len(common) == 1 and len(pairs) > 1:
+        leaf = next(iter(common))
+        through = [f for f in flows if leaf in f.leaves]
+        return [Finding(
+            CHECK, "error", None, None, None, "every flow at its floor", f"{len(rest)} of {len(through)} slow",
+            f"{leaf}: {len(rest)} of {len(through)} flows through it below their floor, its uplinks all up: "
+            "the leaf's uplinks or the routes through it",
+            "check the leaf's uplink counters (switch_ports), its routes (ibtracert between two slow pairs) "
+            "and the spines it reaches", switch=leaf)]
+    out = []
+    for leaves, group in sorted(pairs.items(), key=lambda kv: sorted(kv[0])):
+        a, b = sorted(leaves)
+        between = [f for f in flows if f.leaves == leaves]
+        out.append(Finding(
+            CHECK, "error", None, None, None, "every flow at its floor", f"{len(group)} of {len(between)} slow",
+            f"{a} ↔ {b}: {len(group)} of {len(between)} flows between these leaves below their floor, the ports "
+            "at both ends good in the pairwise rounds: the links or spines between them",
+            "check the uplinks of both leaves and the spines between them (switch_links, switch_ports)",
+            switch=a))
+    return out
+
+
 def judge(flows: Sequence[Flow], runs: Mapping[Flow, PairRun], expected: Mapping[Flow, float], min_fraction: float,
-          bad_ports: set[tuple[str, str]], uplinks: Mapping[str, Uplinks] | None = None) -> CheckResult:
-    """The round's result: slow flows blamed on a convicted port, a switch short of uplinks, a leaf or leaf pair."""
+          suspects: set[tuple[str, str]], uplinks: Mapping[str, Uplinks] | None = None) -> CheckResult:
+    """The round's result: slow flows blamed on a port the port checks named (``suspects``: (node, device)), a
+    switch short of uplinks, the one port all the others share, or the leaf (pair) they ran through."""
     floors = {f: expected[f] * min_fraction for f in flows}
     slow = [f for f in flows if runs[f].gbps is None or float(runs[f].gbps or 0) < floors[f]]
     findings: list[Finding] = []
-    explained = [f for f in slow if (f.src, f.src_dev) in bad_ports or (f.dst, f.dst_dev) in bad_ports]
+    explained = [f for f in slow if (f.src, f.src_dev) in suspects or (f.dst, f.dst_dev) in suspects]
     for f in explained:
-        bad = f"{f.src} {f.src_dev}" if (f.src, f.src_dev) in bad_ports else f"{f.dst} {f.dst_dev}"
+        bad = f"{f.src} {f.src_dev}" if (f.src, f.src_dev) in suspects else f"{f.dst} {f.dst_dev}"
         findings.append(Finding(CHECK, "info", f.src, f.src_dev, None, "explained", bad,
                                 f"{f.name()}: slow, explained by {bad} (already named by the port checks)", "",
                                 rail=f.src_rail, peer=f.dst))
@@ -199,30 +229,22 @@ def judge(flows: Sequence[Flow], runs: Mapping[Flow, PairRun], expected: Mapping
             f"restore {sw}'s uplinks (see the switch_links findings); the nodes on it are not at fault",
             switch=sw))
         rest = [f for f in rest if f not in hit]
+    ports = {p for f in rest for p in ((f.src, f.src_dev), (f.dst, f.dst_dev))}
+    shared = [p for p in sorted(ports) if all(p in ((f.src, f.src_dev), (f.dst, f.dst_dev)) for f in rest)]
+    if rest and len(shared) == 1 and len(rest) < len(flows):
+        node, device = shared[0]
+        mine = [f for f in flows if shared[0] in ((f.src, f.src_dev), (f.dst, f.dst_dev))]
+        speeds = ", ".join(f"{runs[f].gbps:.0f}" if runs[f].gbps is not None else "none" for f in rest)
+        findings.append(Finding(
+            CHECK, "error", node, device, None, "its flows at their floor", f"{len(rest)} of {len(mine)} slow",
+            f"{node} {device}: {len(rest)} of its {len(mine)} flows in this round below their floor ({speeds} "
+            "Gb/s), every other flow at rate: this port under load (its cable, transceiver or switch port)",
+            "check its counters (links, switch_ports) and reseat or swap the cable; the pairwise rounds did not "
+            "catch it, so it fails under load only",
+            rail=rest[0].src_rail if (rest[0].src, rest[0].src_dev) == shared[0] else rest[0].dst_rail))
+        rest = []
     if rest:
-        common = frozenset.intersection(*(f.leaves for f in rest))
-        pairs: dict[frozenset[str], list[Flow]] = defaultdict(list)
-        for f in rest:
-            pairs[f.leaves].append(f)
-        if len(common) == 1 and len(pairs) > 1:
-            leaf = next(iter(common))
-            through = [f for f in flows if leaf in f.leaves]
-            findings.append(Finding(
-                CHECK, "error", None, None, None, "every flow at its floor", f"{len(rest)} of {len(through)} slow",
-                f"{leaf}: {len(rest)} of {len(through)} flows through it below their floor, its uplinks all up: "
-                "the leaf's uplinks or the routes through it",
-                "check the leaf's uplink counters (switch_ports), its routes (ibtracert between two slow pairs) "
-                "and the spines it reaches", switch=leaf))
-        else:
-            for leaves, group in sorted(pairs.items(), key=lambda kv: sorted(kv[0])):
-                a, b = sorted(leaves)
-                between = [f for f in flows if f.leaves == leaves]
-                findings.append(Finding(
-                    CHECK, "error", None, None, None, "every flow at its floor", f"{len(group)} of {len(between)} slow",
-                    f"{a} ↔ {b}: {len(group)} of {len(between)} flows between these leaves below their floor, the "
-                    "ports at both ends good in the pairwise rounds: the links or spines between them",
-                    "check the uplinks of both leaves and the spines between them (switch_links, switch_ports)",
-                    switch=a))
+        findings += _leaf_findings(flows, rest, floors)
     findings += [_flow_info(f, runs[f], floors[f]) for f in slow]
     measured = {"flows": len(flows), "flows_slow": len(slow),
                 "floor_gbps_min": round(min(floors.values()), 1) if floors else None,

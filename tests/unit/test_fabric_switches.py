@@ -102,7 +102,8 @@ def test_real_line_form_capture_shows_an_uplink_down() -> None:
     """ibsim's leaf (real infiniband-diags, -l form, no Switch: headers): the spec's names tell the uplinks. The
     capture is grep'd to the leaf's lines, so spine02, which no line reaches, is not in this view of the fabric."""
     c = cluster_of(IBSIM_SPEC)
-    view = switchlinks.live_view(c, parse("iblinkinfo", fixture("iblinkinfo", "ncp_ain_ibsim_leaf_uplinks_line_form.txt")))
+    text = fixture("iblinkinfo", "ncp_ain_ibsim_leaf_uplinks_line_form.txt")
+    view = switchlinks.live_view(c, parse("iblinkinfo", text))
     assert [(lk.a, lk.a_port, lk.b, lk.b_port, lk.shown()) for lk in view.links] == [
         ("hxa-su2-leaf-r2", 33, "hxa-spine01", 4, "Active/LinkUp 4X SDR")]
     assert view.down_ports == {("hxa-su2-leaf-r2", 34): "Down/Polling"}
@@ -246,15 +247,21 @@ def test_slow_flows_through_a_leaf_short_of_uplinks_blame_the_leaf_not_the_nodes
     assert healthy == []
 
 
-def test_slow_flows_of_a_convicted_port_are_its_own_and_unexplained_ones_blame_the_leaf_pair() -> None:
+def test_slow_flows_of_a_named_port_a_port_under_load_and_a_leaf_pair() -> None:
     c = cluster_of(LAB_SPEC)
     port = ("gpu03", "mlx5_0")
     flows, _ = load.plan_flows(c, c.nodes, switchlinks.plan(c))
     into = next(f for f in flows if (f.dst, f.dst_dev) == port)
-    slow = {port: 180.0, (into.src, into.src_dev): 180.0}
+    slow = {port: 180.0, (into.src, into.src_dev): 180.0}  # both of gpu03 mlx5_0's flows
     found = _judge(c, slow, bad={port})
     assert [f.severity for f in found] == ["info"] * 4 and "explained by gpu03 mlx5_0" in found[0].message
-    found = _judge(c, slow)
+    found = [f for f in _judge(c, slow) if f.severity == "error"]
+    assert [(f.node, f.device, f.message) for f in found] == [(
+        "gpu03", "mlx5_0", "gpu03 mlx5_0: 2 of its 2 flows in this round below their floor (180, 180 Gb/s), every "
+        "other flow at rate: this port under load (its cable, transceiver or switch port)")]
+    apart = [f for f in flows if f.src in ("gpu01", "gpu04") and f.src_dev == "mlx5_0"]  # no port in common
+    assert len({(f.dst, f.dst_dev) for f in apart}) == 2
+    found = _judge(c, {(f.src, f.src_dev): 150.0 for f in apart})
     assert errors(found) == ["leaf1 ↔ leaf2: 2 of 8 flows between these leaves below their floor, the ports at "
                              "both ends good in the pairwise rounds: the links or spines between them"]
 
