@@ -249,14 +249,26 @@ def inject(root: str, host: str, kind: str, *, runner: Runner | None = None, **p
     if kind == "peermem_missing":
         module = record["module"]
         labstate.save_modules(root, host, [m for m in labstate.load_modules(root, host) if m != module])
-    for command in commands:
-        (runner or _podman_runner)(command)
+    # The state is written before the container commands run: once a command has taken effect (an SM stopped,
+    # a container paused) the simulated daemons react at once (the standby SM sweeps every port), and a node.json
+    # read before that and saved after it would undo what they wrote.
     labstate.save_node(root, node)
     if fabric is not None and (fabric != before or kind == "hardware_swap"):
         if kind == "hardware_swap":
             fabric.setdefault("nodes", {})[host] = hardware.fabric_node_entry(node)
         labstate.save_fabric(root, fabric)
+    try:
+        for command in commands:
+            (runner or _podman_runner)(command)
+    except LabError:
+        if kind != "hardware_swap":  # the fault did not take: forget it (a new identity cannot be undone)
+            clear(root, host, kind, runner=lambda _cmd: None, **_identity_params(record))
+        raise
     return record
+
+
+def _identity_params(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in _identity(record).items() if k != "kind"}
 
 
 def clear(root: str, host: str, kind: str | None = None, *, runner: Runner | None = None,
@@ -268,16 +280,18 @@ def clear(root: str, host: str, kind: str | None = None, *, runner: Runner | Non
     fabric = _load_fabric(root)
     before = copy.deepcopy(fabric)
     cleared: list[dict[str, Any]] = []
+    commands: list[list[str]] = []
     for record in reversed(list(node.get("faults", []))):
         if not _matches(record, kind, params):
             continue
-        for command in revert_fault(node, record, fabric):
-            (runner or _podman_runner)(command)
+        commands += revert_fault(node, record, fabric)
         cleared.append(record)
-    if cleared:
+    if cleared:  # state first, then the commands (see inject)
         labstate.save_node(root, node)
         if fabric is not None and fabric != before:
             labstate.save_fabric(root, fabric)
+    for command in commands:
+        (runner or _podman_runner)(command)
     return cleared
 
 
