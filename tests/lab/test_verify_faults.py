@@ -97,6 +97,11 @@ def _converge(host: str) -> None:
              f"{APT} update && {APT} install -y --no-install-recommends {PACKAGES[kind]}")
     if kind == "gpu":
         sh(host, "modprobe nvidia_peermem")
+        # what the nvidia_driver role does: persistenced with persistence mode on (the packaged unit says off)
+        sh(host, "mkdir -p /etc/systemd/system/nvidia-persistenced.service.d && printf '%s\n' '[Service]' "
+                 "'ExecStart=' 'ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
+                 "--persistence-mode --verbose' > /etc/systemd/system/nvidia-persistenced.service.d/pm.conf && "
+                 "systemctl daemon-reload && systemctl restart nvidia-persistenced")
 
 
 def _start_sm(host: str) -> None:
