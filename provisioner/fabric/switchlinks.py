@@ -33,6 +33,7 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from provisioner.fabric.cabling import switch_matches
 from provisioner.fabric.findings import Finding, Severity
@@ -68,13 +69,33 @@ def uplink_speed(rate_gbps: float, width: str = "4X") -> str | None:
     return next((s for s in SPEED_PREFERENCE if abs(IB_SPEEDS[s] * lanes - rate_gbps) < 0.01), None)
 
 
+class PlannedSwitch(Protocol):
+    """What the plan needs of a switch (the spec's ``SwitchX``, the lab's ``LabSwitch``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def tier(self) -> str: ...
+    @property
+    def ports(self) -> int: ...
+    @property
+    def uplinks(self) -> int: ...
+    @property
+    def uplink_rate_gbps(self) -> float: ...
+
+
 def plan(cluster: Cluster) -> list[PlannedLink]:
-    """Leaf-to-spine and spine-to-core cables as the spec plans them (see the module docstring).
+    """Leaf-to-spine and spine-to-core cables as the spec plans them (see :func:`plan_links`)."""
+    return plan_links(cluster.switches)
+
+
+def plan_links(switches: Sequence[PlannedSwitch]) -> list[PlannedLink]:
+    """The cables between tiers for these switches (see the module docstring).
 
     An uplink that finds no free port on any upper switch is left out (the spec's port budget does not close;
     ``provision validate`` says so: TIER-PORTS-EXCEEDED).
     """
-    by_tier = {t: [s for s in cluster.switches if s.tier == t] for t in TIERS}
+    by_tier = {t: [s for s in switches if s.tier == t] for t in TIERS}
     links: list[PlannedLink] = []
     for level, tier in enumerate(TIERS):
         upper = next((by_tier[t] for t in TIERS[level + 1:] if by_tier[t]), [])

@@ -33,7 +33,8 @@ def lab_nodes(cluster: Cluster) -> list[LabNodeSpec]:
 
 
 def lab_switches(cluster: Cluster) -> list[LabSwitch]:
-    return [LabSwitch(name=s.name, ports=s.ports) for s in cluster.switches]
+    return [LabSwitch(name=s.name, ports=s.ports, tier=s.tier, uplinks=s.uplinks, uplink_rate_gbps=s.uplink_rate_gbps)
+            for s in cluster.switches]
 
 
 def lab_cables(cluster: Cluster) -> list[LabCable]:

@@ -218,3 +218,19 @@ def test_switch_fault_parameters_and_targets(lab: Path) -> None:
     assert (back["state"], back["phys_state"]) == ("active", "linkup") and back["lid"] > 0
     assert fabsim_pma.switch_counters(labstate.load_fabric(str(lab))["switches"][2], 3) == {
         **dict.fromkeys(labstate.PORT_COUNTERS, 0), "link_downed": 1}  # spine1's port to leaf2 saw it go
+
+
+def test_lab_state_cables_the_planned_links_between_tiers(tmp_path: Path) -> None:
+    """lab_up (hardware.write_lab_state) cables what the spec plans between tiers, as verify expects it."""
+    cluster = topo._cluster(topo.SPEC)
+    root = str(tmp_path / "lab")
+    hardware.write_lab_state(root, "topo", fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
+                             fromspec.lab_cables(cluster))
+    fabric = labstate.load_fabric(root)
+    assert fabric["switch_links"] == [
+        {"switch": lk.switch, "port": lk.port, "peer": lk.peer, "peer_port": lk.peer_port, "width": lk.width,
+         "speed": lk.speed} for lk in fromspec.lab_switch_links(cluster)]
+    faults.inject(root, "spine1", "switch_down")
+    hardware.write_lab_state(root, "topo", fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
+                             fromspec.lab_cables(cluster))  # lab up again: the dead switch stays dead
+    assert next(s for s in labstate.load_fabric(root)["switches"] if s["name"] == "spine1")["down"] is True
