@@ -113,7 +113,8 @@ def rules() -> None:
 @app.command("parse")
 def parse_cmd(
     tool: Annotated[str, typer.Argument(help="ibstat, ibstatus, perftest, ibdev2netdev, nvidia-smi-topo, nccl-tests, "
-                                        "iblinkinfo, ofed_info, lsmod, opensm-conf, sminfo.", show_default=False)],
+                                        "iblinkinfo, ibnetdiscover, ibqueryerrors, ofed_info, lsmod, opensm-conf, "
+                                        "sminfo.", show_default=False)],
     file: Annotated[str, typer.Argument(help="The captured output, or - for standard input.")] = "-",
 ) -> None:
     """Parse a captured tool output and print it as one JSON object (exit 2 if it is not that tool's output)."""
@@ -529,8 +530,8 @@ def lab_up_cmd(
     cluster, warnings = load_cluster(spec)
     _print_diagnostics(warnings)
     nodes = fromspec.lab_nodes(cluster)[:max_nodes] if max_nodes else fromspec.lab_nodes(cluster)
-    wanted = faults.load_fault_list(faults_file, {n.hostname: {h.device for h in n.hcas} for n in nodes}) \
-        if faults_file else []
+    wanted = faults.load_fault_list(faults_file, {n.hostname: {h.device for h in n.hcas} for n in nodes},
+                                    {s.name for s in cluster.switches}) if faults_file else []
     info = lab_up(cluster.name, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
                   fromspec.lab_cables(cluster), max_nodes=max_nodes, progress=_log,
                   versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster),
@@ -580,13 +581,16 @@ def lab_status_cmd(
 @lab_app.command("fault")
 def lab_fault_cmd(
     cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")],
-    node: Annotated[str | None, typer.Argument(help="Node host name.")] = None,
+    node: Annotated[str | None, typer.Argument(help="Node host name, or a switch for the switch faults.")] = None,
     kind: Annotated[str | None, typer.Argument(help="port_down, port_disabled, degraded_width, degraded_rate, "
                                                "slow_link, flapping, cables_swapped, peermem_missing, gpu_missing, "
-                                               "unreachable, sm_killed, hardware_swap.")] = None,
+                                               "unreachable, sm_killed, hardware_swap; on a switch: uplink_down "
+                                               "port=N, uplink_degraded port=N width=2X|speed=HDR, switch_down.")
+                                               ] = None,
     params: Annotated[list[str] | None, typer.Argument(help="key=value parameters, e.g. device=mlx5_1 "
                                                        "bw_factor=0.5")] = None,
-    clear: Annotated[bool, typer.Option("--clear", help="Clear this fault (or all faults of the node).")] = False,
+    clear: Annotated[bool, typer.Option("--clear", help="Clear this fault (or, without a kind, all faults of the "
+                                                        "node or switch).")] = False,
     file: Annotated[Path | None, typer.Option("--file", help="Inject every fault of a YAML fault list (checked "
                                               "as a whole first).", dir_okay=False)] = None,
 ) -> None:
@@ -599,10 +603,11 @@ def lab_fault_cmd(
     if file is not None:
         if node or kind or params or clear:
             raise UsageError("--file takes no node, kind, parameters or --clear")
-        records = faults.apply_fault_list(root, faults.load_fault_list(file, faults.lab_devices(root)))
+        records = faults.apply_fault_list(root, faults.load_fault_list(file, faults.lab_devices(root),
+                                                                       faults.lab_switches(root)))
         out.print(f"injected {len(records)} fault(s) from {file}", markup=False)
         return
-    if not node or not kind:
+    if not node or (not kind and not clear):
         raise UsageError("give a node and a fault kind (or --file FILE)")
     kv: dict[str, Any] = {}
     for item in params or []:
@@ -610,12 +615,17 @@ def lab_fault_cmd(
             raise UsageError(f"parameter '{item}' is not key=value")
         k, v = item.split("=", 1)
         kv[k] = v
+    if node not in faults.lab_devices(root) and node not in faults.lab_switches(root):
+        raise UsageError(f"no node or switch {node!r} in lab {_cluster_name(cluster)}",
+                         hint="provision lab status CLUSTER lists them")
     if clear:
-        faults.clear(root, node, None if kind == "all" else kind, **kv)
-        out.print(f"{node}: cleared {kind}", markup=False)
-    else:
-        faults.inject(root, node, kind, **faults.check_params(kind, kv))
-        out.print(f"{node}: injected {kind}", markup=False)
+        done = faults.clear(root, node, None if kind in (None, "all") else kind, **kv)
+        out.print(f"{node}: cleared {', '.join(r['kind'] for r in done) or 'nothing (no such fault)'}", markup=False)
+        return
+    if kind is None:
+        raise UsageError("give a fault kind")
+    faults.inject(root, node, kind, **faults.check_params(kind, kv))
+    out.print(f"{node}: injected {kind}", markup=False)
 
 
 def _cluster_name(arg: str) -> str:

@@ -32,19 +32,22 @@ from provisioner.fabric import (
     gpudirect,
     ipoib,
     links,
+    load,
     nccl,
     reach,
     sm_verify,
     storage,
+    switchlinks,
+    switchports,
     versions,
 )
 from provisioner.fabric.findings import CheckResult, Finding, Value
 from provisioner.fabric.nhc import export_nhc
-from provisioner.fabric.perftest import PerftestSettings
+from provisioner.fabric.perftest import PairRun, PerftestSettings, run_pair
 from provisioner.fabric.sm import SmInfo, sminfo_result
 from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluster
-from provisioner.report import VerifyReport, to_html, to_json, to_junit
+from provisioner.report import VerifyReport, fabric_picture, to_html, to_json, to_junit
 from provisioner.spec.cluster import Cluster, Node
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
@@ -89,7 +92,16 @@ def select_tests(cluster: Cluster, only: Iterable[str] | None) -> list[str]:
         wanted.discard("storage")  # on by default, but a spec without NFS/Lustre mounts has nothing to check
     if not cluster.ipoib:
         wanted.discard("ipoib")  # likewise without IPoIB networks
+    if plans_cabling(cluster):
+        wanted.add("cabling")  # a planned cable is checked whenever verify runs, not only when asked for
     return [t for t in ALL_TESTS if t in wanted]
+
+
+def plans_cabling(cluster: Cluster) -> bool:
+    """Whether the spec plans cables a fabric-wide InfiniBand view can check: node ports or links between tiers."""
+    if cluster.spec.fabric.type != "infiniband":
+        return False  # iblinkinfo sees an InfiniBand fabric only
+    return bool(cluster.cables) or bool(switchlinks.plan(cluster))
 
 
 def _parsed(tool: str, done: Completed) -> tuple[dict[str, Any] | None, str]:
@@ -125,6 +137,13 @@ class _Verifier:
         self._counters: dict[str, dict[tuple[str, int], dict[str, int]]] = {}
         self._links_at: dict[str, int] = {}
         """node -> index in ``checks`` of its links result (rebuilt when the counters are re-read)."""
+        self.fabric_host: str | None = None
+        """The node whose fabric-wide view (iblinkinfo, ibqueryerrors) the cabling checks used."""
+        self.uplinks: dict[str, switchlinks.Uplinks] = {}
+        self.switch_view: switchlinks.Comparison | None = None
+        self._switch_counts: switchports.Counts | None = None
+        self._switch_peers: dict[tuple[str, int], str] = {}
+        self._switch_ports_at: int | None = None
 
     @property
     def lost(self) -> dict[str, str]:
@@ -324,7 +343,9 @@ class _Verifier:
         self.checks += reach.skipped(nccl.CHECK, every, self.lost)
 
     def cabling(self) -> None:
-        if not self.cluster.cables:
+        """Node cables and inter-switch links from one node's ``iblinkinfo``; switch port counters from the same."""
+        planned = switchlinks.plan(self.cluster)
+        if not self.cluster.cables and not planned:
             self.checks.append(CheckResult.could_not_run(cabling.CHECK, None, "the spec lists no cabling"))
             return
         sm = self.cluster.spec.fabric.subnet_manager
@@ -334,14 +355,105 @@ class _Verifier:
             done = self.remote.run_many({host: ["iblinkinfo"]}, timeout=120)[host]
             parsed, why = _parsed("iblinkinfo", done)
             if parsed is not None:
-                found = cabling.cabling_findings(self.cluster, parsed)
-                self.checks.append(CheckResult.from_findings(cabling.CHECK, None, found, {"queried_on": host}))
+                self.fabric_host = host
+                self._fabric_view(host, parsed, planned)
                 return
             reasons.append(f"{host}: {why}")
             if len(reasons) >= 3:
                 break
-        self.checks.append(CheckResult.could_not_run(cabling.CHECK, None, "; ".join(reasons)))
+        names = ([cabling.CHECK] if self.cluster.cables else []) + ([switchlinks.CHECK] if planned else [])
+        self.checks += [CheckResult.could_not_run(n, None, "; ".join(reasons)) for n in names]
 
+    def _fabric_view(self, host: str, parsed: dict[str, Any], planned: list[switchlinks.PlannedLink]) -> None:
+        measured: dict[str, Value] = {"queried_on": host}
+        if self.cluster.cables:
+            found = cabling.cabling_findings(self.cluster, parsed)
+            self.checks.append(CheckResult.from_findings(cabling.CHECK, None, found, measured))
+        if planned:
+            view = switchlinks.live_view(self.cluster, parsed)
+            self.switch_view = switchlinks.compare(self.cluster, planned, view)
+            self.uplinks = self.switch_view.uplinks
+            self.checks.append(CheckResult.from_findings(
+                switchlinks.CHECK, None, self.switch_view.findings,
+                {**measured, "planned_links": len(planned), "live_links": len(view.links)}))
+        self._switch_peers = switchlinks.port_peers(self.cluster, parsed)
+        self._switch_counts = self._read_switch_ports(host)
+        if self._switch_counts is not None:
+            self._switch_ports_at = len(self.checks)
+            self.checks.append(CheckResult.from_findings(
+                switchports.CHECK, None, switchports.port_findings(self._switch_counts, None, self._switch_peers),
+                {**measured, "counters_read": "start"}))
+
+    def _read_switch_ports(self, host: str) -> switchports.Counts | None:
+        """Every switch port's error counters (``ibqueryerrors --switch``); None, with a could-not-run, on failure."""
+        done = self.remote.run_many({host: switchports.COMMAND}, timeout=300)[host]
+        parsed, why = _parsed("ibqueryerrors", done)
+        if parsed is None or not parsed.get("complete"):
+            tail = "; ".join(parsed["errors"] if parsed else [])
+            why = why or f"no summary line: the sweep did not finish ({tail or 'no message'})"
+            self.checks.append(CheckResult.could_not_run(switchports.CHECK, None, f"{host}: {why}"))
+            return None
+        return switchports.read_counters(self.cluster, parsed)
+
+    def switch_ports_again(self) -> None:
+        """Re-read the switch port counters at the end; a port whose link_downed grew during the run fails."""
+        if self._switch_counts is None or self._switch_ports_at is None or self.fabric_host is None:
+            return
+        done = self.remote.run_many({self.fabric_host: switchports.COMMAND}, timeout=300)[self.fabric_host]
+        parsed, _ = _parsed("ibqueryerrors", done)
+        if parsed is None or not parsed.get("complete"):
+            self.notes.append(f"switch_ports: counters could not be re-read on {self.fabric_host} at the end")
+            return
+        after = switchports.read_counters(self.cluster, parsed)
+        self.checks[self._switch_ports_at] = CheckResult.from_findings(
+            switchports.CHECK, None, switchports.port_findings(self._switch_counts, after, self._switch_peers),
+            {"queried_on": self.fabric_host, "counters_read": "start and end"})
+
+    # -- load across leaves ---------------------------------------------------------------------------------
+    def load_round(self, numactl: Mapping[str, bool]) -> None:
+        """Every port at once to a partner on another leaf (see :mod:`provisioner.fabric.load`)."""
+        planned = switchlinks.plan(self.cluster)
+        every = [n.name for n in bandwidth.bandwidth_nodes(self.cluster)]
+
+        def once(cluster: Cluster) -> CheckResult | None:
+            flows, notes = load.plan_flows(cluster, bandwidth.bandwidth_nodes(cluster), planned)
+            self.notes.extend(n for n in notes if n not in self.notes)
+            if not flows:
+                return None
+            runs = load.measure(flows, self._flow_runner(cluster, numactl))
+            return load.judge(flows, runs, load.expected_gbps(cluster, flows, planned),
+                              cluster.spec.verify.bandwidth.min_fraction, self._bad_ports(), self.uplinks)
+
+        result = self._without_lost("fabric_load", once)
+        if result is None:
+            return
+        self.checks.append(reach.unless_lost(result, every, self.lost))
+        self.checks += reach.skipped(load.CHECK, every, self.lost)
+
+    def _flow_runner(self, cluster: Cluster, numactl: Mapping[str, bool]) -> load.FlowRunner:
+        cfg = cluster.spec.verify.bandwidth
+        settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
+
+        def run(flow: load.Flow) -> PairRun:
+            server, client = cluster.node(flow.dst), cluster.node(flow.src)
+            s_port = next(p for p in server.ports if p.device == flow.dst_dev)
+            c_port = next(p for p in client.ports if p.device == flow.src_dev)
+            return run_pair(self.remote, (server.name, s_port, numactl.get(server.name, False)),
+                            (client.name, c_port, numactl.get(client.name, False)), server.address, settings,
+                            load.TCP_BASE + flow.dst_rail)
+
+        return run
+
+    def _bad_ports(self) -> set[tuple[str, str]]:
+        """Ports the port-level checks named (an error or a warning): their slow flows in the load round are
+        theirs, not the fabric's."""
+        out: set[tuple[str, str]] = set()
+        for c in self.checks:
+            for f in c.findings:
+                if f.severity in ("error", "warning") and f.node and f.device \
+                        and f.check in (links.CHECK, "pairwise_bandwidth"):
+                    out.add((f.node, f.device))
+        return out
 
     # -- ipoib -------------------------------------------------------------------------------------------------
     def ipoib_check(self) -> None:
@@ -407,25 +519,29 @@ def verify(
         if "ipoib" in chosen:
             progress("ipoib: every planned interface up with its address and MTU, a peer answers over it")
             v.ipoib_check()
+        if "cabling" in chosen:
+            progress("cabling: iblinkinfo against the spec's cabling and links between tiers; switch port counters")
+            v.cabling()
         numactl = v.numactl() if {"bandwidth", "gpudirect"} & set(chosen) else {}
         if "bandwidth" in chosen:
             progress(f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)")
             v.bandwidth(numactl, mode)
+            progress("bandwidth: every port at once to a partner on another leaf (load across leaves)")
+            v.load_round(numactl)
         if "gpudirect" in chosen:
             progress("gpudirect: nvidia_peermem, GPU–NIC affinity, ib_write_bw --use_cuda")
             v.gpudirect(numactl, mode)
         if "nccl" in chosen:
             progress("nccl: all_reduce_perf across the compute nodes")
             v.nccl()
-        if "cabling" in chosen:
-            progress("cabling: iblinkinfo against the spec's cabling")
-            v.cabling()
         if "storage" in chosen:
             progress("storage: mounts, a file round trip, the exports (user space where no kernel client)")
             v.shared_storage()
         if "links" in chosen:
             progress("links: port counters again (a port whose link_downed grew during the run fails)")
             v.links_counters_again()
+        if "cabling" in chosen:
+            v.switch_ports_again()
     finally:
         if own and isinstance(rem, SshRemote):
             rem.close()
@@ -439,9 +555,10 @@ def verify(
     if v.matrix or v.nccl_busbw is not None:
         checks.append(CheckResult.from_findings(baseline.CHECK, None, drift))
     peers = {node: group for group, nodes in peer_groups(cluster).items() for node in nodes}
+    picture = fabric_picture.build(cluster, checks, switchlinks.plan(cluster), v.switch_view, v.lost)
     report = VerifyReport(cluster=cluster.name, started=started, finished=finished, checks=tuple(checks),
                           bandwidth=v.matrix, line_rate=v.line_rate, versions=v.versions, notes=tuple(v.notes),
-                          peers=peers)
+                          peers=peers, fabric=picture)
     directory = None
     if write:
         directory = root / stamp

@@ -10,7 +10,8 @@ Matching rules (documented so a verdict can be checked by hand):
 * a node port is found by its node description: ``"<node> <device>"`` (what rdma-ndd and the lab set), or
   ``"<node> HCA-<n>"`` (the kernel default, n = the device's position in the node's profile, from 1);
 * a spec switch ``leaf04`` matches a live switch whose description is ``leaf04`` or contains it as a
-  ``;``/``:``/``/``-separated token (``MF0;leaf04:MQM9700/U1``).
+  ``;``/``:``/``/``-separated token (``MF0;leaf04:MQM9700/U1``), in any case (the spec's switch names are
+  lowercase host names; sites often name switches ``MF0;A09-P1-IBLEAF-04-04:MQM9701/U1``).
 """
 
 from __future__ import annotations
@@ -29,7 +30,8 @@ def switch_matches(spec_name: str, description: str | None) -> bool:
     """Whether a live switch description names the spec's switch (see the module docstring)."""
     if not description:
         return False
-    return description == spec_name or spec_name in re.split(r"[;:/\s]+", description)
+    name, desc = spec_name.casefold(), description.casefold()
+    return desc == name or name in re.split(r"[;:/\s]+", desc)
 
 
 def _descriptions(cluster: Cluster) -> dict[str, tuple[str, str]]:

@@ -28,7 +28,9 @@ class Finding:
     """One difference between the spec (expected) and the cluster (observed), with what to do about it.
 
     ``device``/``port`` name the HCA and port (``mlx5_0``, 1) when the finding is about a port; ``rail`` and
-    ``peer`` are set for pairwise bandwidth findings, where the fault may lie between two nodes.
+    ``peer`` are set for pairwise bandwidth findings, where the fault may lie between two nodes. ``switch``
+    names the switch a finding is about (an inter-switch link, a switch port's counters, a leaf's uplinks);
+    such a finding has no ``node``, and ``port`` is then the switch's port.
     """
 
     check: str
@@ -42,6 +44,7 @@ class Finding:
     hint: str
     rail: int | None = None
     peer: str | None = None
+    switch: str | None = None
 
     def __post_init__(self) -> None:
         # A wrong severity is a programming error in a check, not a user error: fail loudly at construction.
@@ -60,6 +63,7 @@ class Finding:
             "port": self.port,
             "rail": self.rail,
             "peer": self.peer,
+            "switch": self.switch,
             "expected": self.expected,
             "observed": self.observed,
             "message": self.message,
@@ -72,7 +76,7 @@ class Finding:
 
     def location(self) -> str:
         """Short human label of where the finding is: ``node1 mlx5_0/1 rail 0 ↔ node2``."""
-        parts = [self.node or "cluster"]
+        parts = [self.node or self.switch or "cluster"]
         if self.device:
             parts.append(self.device if self.port is None else f"{self.device}/{self.port}")
         elif self.port is not None:

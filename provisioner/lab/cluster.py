@@ -507,4 +507,12 @@ def lab_status(cluster_name: str) -> list[NodeStatus]:
         row = by_host.get(host)
         status.append(NodeStatus(host, container_name(cluster, host), str(row["State"]) if row else "absent",
                                  addresses.get(host), faults))
+    try:  # switches with faults get a row of their own (no container: the lab's switches are state only)
+        switch_faults = labstate.load_fabric(str(state_dir)).get("switch_faults", [])
+    except (FileNotFoundError, ValueError):
+        switch_faults = []
+    for switch in sorted({str(f.get("switch")) for f in switch_faults}):
+        mine = [{k: v for k, v in f.items() if k not in ("saved", "set", "saved_ports")} for f in switch_faults
+                if f.get("switch") == switch]
+        status.append(NodeStatus(switch, "-", "switch", None, mine))
     return status

@@ -7,6 +7,11 @@ hide a module file, regenerate SSH host keys).  Every injected fault is recorded
 the node's ``faults`` list together with the values it replaced, so :func:`clear`
 restores exactly what was there and ``provision lab status`` can list them.
 
+Switch faults (:data:`SWITCH_FAULTS`) target a switch of fabric.json instead of a node:
+``uplink_down``/``uplink_degraded`` edit one switch-to-switch link, ``switch_down`` takes
+the whole switch away (its links vanish and the node ports cabled to it lose their light).
+They are recorded in fabric.json's ``switch_faults`` list with what they replaced.
+
 The pure part (:func:`apply_fault`, :func:`revert_fault`) works on dicts and returns
 the container commands to run, so it is unit-tested without podman.
 """
@@ -14,6 +19,7 @@ the container commands to run, so it is unit-tested without podman.
 from __future__ import annotations
 
 import copy
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +31,7 @@ import yaml
 from provisioner.errors import LabError, UsageError
 from provisioner.lab import hardware
 from provisioner.lab.names import container_name
-from provisioner.lab.simtools import labstate
+from provisioner.lab.simtools import fabsim_pma, labstate
 
 Runner = Callable[[list[str]], None]
 """Runs one podman command (arguments after ``podman``)."""
@@ -34,12 +40,18 @@ PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", 
 NODE_FAULTS = ("gpu_missing", "peermem_missing", "unreachable", "sm_killed", "hardware_swap", "ipoib_down",
                "ipoib_wrong_address")
 FABRIC_FAULTS = ("cables_swapped",)
-FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS
+SWITCH_FAULTS = ("uplink_down", "uplink_degraded", "switch_down")
+FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS + SWITCH_FAULTS
 
 _PORT_FIELDS = ("state", "phys_state", "lid", "sm_lid", "width", "speed", "rate_gbps", "bw_factor", "flapping")
 FLAP_ON_INJECT = {"link_downed": 1, "link_error_recovery": 1, "symbol_error": 12}
 """What a port that has started to flap shows in its counters when the fault is injected: it went down
 and came back once. Every traffic run over it adds more (``fabsim_common.flap_counters``)."""
+LINK_DOWN_COUNTS = {"link_downed": 1}
+"""What each end of a switch link that went down shows in its counters: the link went down once."""
+LINK_RETRAIN_COUNTS = {"link_error_recovery": 1, "symbol_error": 12}
+"""What each end of a link that retrained narrower or slower shows: one recovery, a burst of bit errors
+(the retrain half of :data:`FLAP_ON_INJECT`)."""
 HIDDEN_SUFFIX = ".lab-hidden"
 DEFAULT_SM_UNIT = "opensmd"
 """The unit of NVIDIA's opensm package (DOCA/MLNX_OFED), which the lab's stand-in installs."""
@@ -264,7 +276,11 @@ def _matches(record: dict[str, Any], kind: str | None, params: dict[str, Any]) -
 
 
 def inject(root: str, host: str, kind: str, *, runner: Runner | None = None, **params: Any) -> dict[str, Any]:
-    """Inject one fault into ``host`` of the lab at ``root``; return its record."""
+    """Inject one fault into ``host`` (a node, or a switch for :data:`SWITCH_FAULTS`) of the lab at ``root``."""
+    if kind in SWITCH_FAULTS:
+        return inject_switch(root, host, kind, **params)
+    if is_switch(root, host):
+        raise LabError(f"{host} is a switch: its faults are {', '.join(SWITCH_FAULTS)}")
     node = labstate.load_node(root, host)
     fabric = _load_fabric(root)
     before = copy.deepcopy(fabric)
@@ -272,33 +288,49 @@ def inject(root: str, host: str, kind: str, *, runner: Runner | None = None, **p
     if kind == "peermem_missing":
         module = record["module"]
         labstate.save_modules(root, host, [m for m in labstate.load_modules(root, host) if m != module])
-    for command in commands:
-        (runner or _podman_runner)(command)
+    # The state is written before the container commands run: once a command has taken effect (an SM stopped,
+    # a container paused) the simulated daemons react at once (the standby SM sweeps every port), and a node.json
+    # read before that and saved after it would undo what they wrote.
     labstate.save_node(root, node)
     if fabric is not None and (fabric != before or kind == "hardware_swap"):
         if kind == "hardware_swap":
             fabric.setdefault("nodes", {})[host] = hardware.fabric_node_entry(node)
         labstate.save_fabric(root, fabric)
+    try:
+        for command in commands:
+            (runner or _podman_runner)(command)
+    except LabError:
+        if kind != "hardware_swap":  # the fault did not take: forget it (a new identity cannot be undone)
+            clear(root, host, kind, runner=lambda _cmd: None, **_identity_params(record))
+        raise
     return record
+
+
+def _identity_params(record: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in _identity(record).items() if k != "kind"}
 
 
 def clear(root: str, host: str, kind: str | None = None, *, runner: Runner | None = None,
           **params: Any) -> list[dict[str, Any]]:
     """Clear the faults of ``host`` that match ``kind`` and ``params`` (all when neither); newest first."""
+    if is_switch(root, host):
+        return clear_switch(root, host, kind, **params)
     node = labstate.load_node(root, host)
     fabric = _load_fabric(root)
     before = copy.deepcopy(fabric)
     cleared: list[dict[str, Any]] = []
+    commands: list[list[str]] = []
     for record in reversed(list(node.get("faults", []))):
         if not _matches(record, kind, params):
             continue
-        for command in revert_fault(node, record, fabric):
-            (runner or _podman_runner)(command)
+        commands += revert_fault(node, record, fabric)
         cleared.append(record)
-    if cleared:
+    if cleared:  # state first, then the commands (see inject)
         labstate.save_node(root, node)
         if fabric is not None and fabric != before:
             labstate.save_fabric(root, fabric)
+    for command in commands:
+        (runner or _podman_runner)(command)
     return cleared
 
 
@@ -320,9 +352,169 @@ def reset_counters(root: str, host: str, device: str | None = None, port: int | 
 
 
 def list_faults(root: str, host: str) -> list[dict[str, Any]]:
-    """The faults recorded for ``host`` (without the saved values)."""
-    node = labstate.load_node(root, host)
-    return [{k: v for k, v in f.items() if k not in ("saved", "set")} for f in node.get("faults", [])]
+    """The faults recorded for ``host``, a node or a switch (without the saved values)."""
+    if is_switch(root, host):
+        fabric = _load_fabric(root) or {}
+        records = [f for f in fabric.get("switch_faults", []) if f.get("switch") == host]
+    else:
+        records = labstate.load_node(root, host).get("faults", [])
+    return [{k: v for k, v in f.items() if k not in ("saved", "set", "saved_ports")} for f in records]
+
+
+# ---------------------------------------------------------------- switch faults
+
+
+def is_switch(root: str, name: str) -> bool:
+    """Whether ``name`` is a switch of the lab's fabric.json (and no node)."""
+    fabric = _load_fabric(root)
+    return bool(fabric) and any(str(s.get("name")) == name for s in (fabric or {}).get("switches", [])) \
+        and not os.path.isfile(os.path.join(labstate.node_dir(root, name), labstate.NODE_FILE))
+
+
+def _link_at(fabric: dict[str, Any], switch: str, port: int) -> tuple[dict[str, Any], tuple[str, int]]:
+    """The switch-to-switch link at ``switch`` port ``port`` and its far end; LabError naming the links there are."""
+    for link in fabric.get("switch_links", []) or []:
+        if (str(link.get("switch")), int(link.get("port", 0))) == (switch, port):
+            return link, (str(link.get("peer")), int(link.get("peer_port", 0)))
+        if (str(link.get("peer")), int(link.get("peer_port", 0))) == (switch, port):
+            return link, (str(link.get("switch")), int(link.get("port", 0)))
+    mine = sorted(int(lk["port"]) if lk.get("switch") == switch else int(lk["peer_port"])
+                  for lk in fabric.get("switch_links", []) or [] if switch in (lk.get("switch"), lk.get("peer")))
+    raise LabError(f"{switch} port {port} has no switch-to-switch link",
+                   hint=f"its links are on ports {', '.join(map(str, mine))}" if mine else
+                   f"{switch} has no switch-to-switch links (give the spec's leaves uplinks:)")
+
+
+def apply_switch_fault(fabric: dict[str, Any], nodes: dict[str, dict[str, Any]], switch: str, kind: str,
+                       params: dict[str, Any]) -> dict[str, Any]:
+    """Edit ``fabric`` (and the ``nodes`` cabled to the switch, for switch_down) for one switch fault.
+
+    ``nodes`` maps host -> node.json of every node (only the edited ones need saving). Returns the record.
+    """
+    if kind not in SWITCH_FAULTS:
+        raise LabError(f"{kind} is no switch fault", hint=f"one of: {', '.join(SWITCH_FAULTS)}")
+    sw = next((s for s in fabric.get("switches", []) if str(s.get("name")) == switch), None)
+    if sw is None:
+        raise LabError(f"no switch {switch!r} in the lab")
+    record: dict[str, Any] = {"kind": kind, "switch": switch}
+    if kind in ("uplink_down", "uplink_degraded"):
+        if "port" not in params:
+            raise LabError(f"{kind} needs port=<the switch port of the link>")
+        port = int(params["port"])
+        link, far = _link_at(fabric, switch, port)
+        record["port"] = port
+        if kind == "uplink_down":
+            edit: dict[str, Any] = {"state": "down"}
+            counts = LINK_DOWN_COUNTS
+        else:
+            width = str(params.get("width") or ("2X" if not params.get("speed") else link.get("width", "4X")))
+            speed = str(params.get("speed") or link.get("speed", "NDR"))
+            labstate.rate_gbps(speed, width)  # a known speed and width, or ValueError
+            edit = {"width": width, "speed": speed}
+            counts = LINK_RETRAIN_COUNTS
+            record.update({k: v for k, v in (("width", params.get("width")), ("speed", params.get("speed"))) if v})
+        record["saved"] = {k: link.get(k) for k in edit}
+        record["set"] = edit
+        record["peer"], record["peer_port"] = far
+        link.update(edit)
+        for end in ((switch, port), far):
+            fabsim_pma.bump_switch_counters(fabric, end[0], end[1], counts)
+    else:
+        if sw.get("down"):
+            raise LabError(f"{switch}: fault switch_down is already injected there", hint="clear it first")
+        sw["down"] = True
+        saved_ports = []
+        for cable in fabric.get("cables", []) or []:
+            if cable.get("switch") != switch or cable.get("node") not in nodes:
+                continue
+            hca = labstate.find_hca(nodes[cable["node"]], str(cable["device"]), int(cable.get("port", 1)))
+            edit = {"state": "down", "phys_state": "polling", "lid": 0, "sm_lid": 0}
+            saved_ports.append({"host": cable["node"], "device": cable["device"], "port": int(cable.get("port", 1)),
+                                "saved": {k: hca.get(k) for k in edit}})
+            hca.update(edit)
+        record["saved_ports"] = saved_ports
+        for link in fabric.get("switch_links", []) or []:
+            if link.get("state") == "down":
+                continue
+            if link.get("switch") == switch:
+                fabsim_pma.bump_switch_counters(fabric, str(link["peer"]), int(link["peer_port"]), LINK_DOWN_COUNTS)
+            elif link.get("peer") == switch:
+                fabsim_pma.bump_switch_counters(fabric, str(link["switch"]), int(link["port"]), LINK_DOWN_COUNTS)
+    for existing in fabric.get("switch_faults", []):
+        if _identity(existing) == _identity(record):
+            raise LabError(f"{switch}: fault {kind} is already injected there", hint="clear it first")
+    fabric.setdefault("switch_faults", []).append(record)
+    return record
+
+
+def revert_switch_fault(fabric: dict[str, Any], nodes: dict[str, dict[str, Any]], record: dict[str, Any]) -> None:
+    """Undo one recorded switch fault in place (the counters it raised stay, as after a real repair)."""
+    if record["kind"] == "switch_down":
+        for sw in fabric.get("switches", []):
+            if sw.get("name") == record["switch"]:
+                sw.pop("down", None)
+        for saved in record.get("saved_ports", []):
+            if saved["host"] in nodes:
+                labstate.find_hca(nodes[saved["host"]], saved["device"], int(saved["port"])).update(saved["saved"])
+    else:
+        link, _ = _link_at(fabric, str(record["switch"]), int(record["port"]))
+        for key in record.get("set", {}):
+            link[key] = record["saved"].get(key)
+            if link[key] is None:
+                link.pop(key)
+    fabric["switch_faults"] = [f for f in fabric.get("switch_faults", []) if f is not record]
+
+
+def _switch_state(root: str) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    fabric = _load_fabric(root)
+    if fabric is None:
+        raise LabError("the lab has no fabric.json (is it up?)")
+    return fabric, {h: labstate.load_node(root, h) for h in lab_devices(root)}
+
+
+def inject_switch(root: str, switch: str, kind: str, **params: Any) -> dict[str, Any]:
+    """Inject one switch fault into the lab at ``root``; return its record."""
+    fabric, nodes = _switch_state(root)
+    before = copy.deepcopy(nodes)
+    try:
+        record = apply_switch_fault(fabric, nodes, switch, kind, dict(params))
+    except ValueError as exc:
+        raise LabError(f"{kind}: {exc}") from None
+    for host, node in nodes.items():
+        if node != before[host]:
+            labstate.save_node(root, node)
+    labstate.save_fabric(root, fabric)
+    return record
+
+
+def clear_switch(root: str, switch: str, kind: str | None = None, **params: Any) -> list[dict[str, Any]]:
+    """Clear the faults of ``switch`` that match ``kind`` and ``params`` (all when neither); newest first."""
+    fabric, nodes = _switch_state(root)
+    before = copy.deepcopy(nodes)
+    cleared = []
+    for record in reversed(list(fabric.get("switch_faults", []))):
+        if record.get("switch") == switch and _matches(record, kind, params):
+            revert_switch_fault(fabric, nodes, record)
+            cleared.append(record)
+    if cleared:
+        for host, node in nodes.items():
+            if node != before[host]:
+                labstate.save_node(root, node)
+        labstate.save_fabric(root, fabric)
+    return cleared
+
+
+def reset_switch_counters(root: str, switch: str | None = None) -> int:
+    """Zero the port counters of one switch (or all), as ``ibqueryerrors -k -K`` would; returns switches reset."""
+    fabric = _load_fabric(root) or {}
+    done = 0
+    for sw in fabric.get("switches", []):
+        if switch is None or sw.get("name") == switch:
+            sw.pop("counters", None)
+            done += 1
+    if done:
+        labstate.save_fabric(root, fabric)
+    return done
 
 
 def _load_fabric(root: str) -> dict[str, Any] | None:
@@ -354,6 +546,9 @@ PARAMS: dict[str, dict[str, str]] = {
     "ipoib_down": {"netdev": "netdev"},
     "ipoib_wrong_address": {"netdev": "netdev", "address": "cidr"},
     "cables_swapped": {**_PORT_PARAMS, "other_host": "host", "other_device": "device", "other_port": "int"},
+    "uplink_down": {"port": "int"},
+    "uplink_degraded": {"port": "int", "width": "width", "speed": "speed"},
+    "switch_down": {},
 }
 """The parameters each fault kind takes, and the kind of value each one is (see :func:`check_params`)."""
 _REQUIRED = {"device": {k for k, v in PARAMS.items() if "device" in v},
@@ -414,6 +609,8 @@ def check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
         except ValueError as exc:
             raise LabError(f"{kind} parameter {key}={value!r} is not {exc}") from None
     missing = [p for p, kinds in _REQUIRED.items() if kind in kinds and p not in out]
+    if kind in ("uplink_down", "uplink_degraded") and "port" not in out:
+        missing.append("port")
     if kind == "cables_swapped":
         missing += [p for p in ("other_host", "other_device") if p not in out]
     if missing:
@@ -444,8 +641,10 @@ def _yaml_entries(path: Path) -> list[tuple[int, object]]:
     return [(item.start_mark.line + 1, value) for item, value in zip(node.value, items, strict=True)]
 
 
-def load_fault_list(path: Path, devices: dict[str, set[str]]) -> list[FaultEntry]:
-    """Read and check a fault list against the lab's nodes (host -> its HCA devices); one-line UsageError.
+def load_fault_list(path: Path, devices: dict[str, set[str]], switches: frozenset[str] | set[str] = frozenset(),
+                    ) -> list[FaultEntry]:
+    """Read and check a fault list against the lab's nodes (host -> its HCA devices) and switches; one-line
+    UsageError.
 
     Nothing is applied here: every entry is checked first (kind, node, parameter names and values,
     devices that exist on that node), and the first problem is reported with the file, the entry's
@@ -460,7 +659,10 @@ def load_fault_list(path: Path, devices: dict[str, set[str]]) -> list[FaultEntry
         node, kind = raw.get("node"), raw.get("kind")
         if not isinstance(node, str) or not isinstance(kind, str):
             raise UsageError(f"{where}: an entry needs node: and kind:")
-        if node not in devices:
+        if (kind in SWITCH_FAULTS) != (node in switches) or (node not in devices and node not in switches):
+            if node in switches or kind in SWITCH_FAULTS:
+                raise UsageError(f"{where}: {kind} on {node}: switch faults ({', '.join(SWITCH_FAULTS)}) target a "
+                                 "switch, the others a node", hint=f"lab switches: {', '.join(sorted(switches))}")
             raise UsageError(f"{where}: unknown node {node!r}", hint=f"lab nodes: {', '.join(sorted(devices))}")
         try:
             checked = check_params(kind, params)
@@ -483,14 +685,23 @@ def lab_devices(root: str) -> dict[str, set[str]]:
     return {h: {str(x["device"]) for x in labstate.load_node(root, h).get("hcas", [])} for h in hosts}
 
 
+def lab_switches(root: str) -> set[str]:
+    """The switches of the running lab at ``root`` (from fabric.json)."""
+    return {str(s.get("name")) for s in (_load_fabric(root) or {}).get("switches", [])}
+
+
 def rehearse(root: str, entries: list[FaultEntry]) -> None:
     """Apply the whole list to copies of the lab state, so a conflict (a fault injected twice, a cable that
     is not there) is reported before anything changes; UsageError naming the entry."""
     nodes: dict[str, dict[str, Any]] = {}
     fabric = copy.deepcopy(_load_fabric(root))
     for entry in entries:
-        node = nodes.setdefault(entry.node, copy.deepcopy(labstate.load_node(root, entry.node)))
         try:
+            if entry.kind in SWITCH_FAULTS:
+                every = {h: nodes.setdefault(h, copy.deepcopy(labstate.load_node(root, h))) for h in lab_devices(root)}
+                apply_switch_fault(fabric or {}, every, entry.node, entry.kind, dict(entry.params))
+                continue
+            node = nodes.setdefault(entry.node, copy.deepcopy(labstate.load_node(root, entry.node)))
             apply_fault(node, entry.kind, dict(entry.params), fabric)
         except LabError as exc:
             raise UsageError(f"{entry.where}: {exc}") from None

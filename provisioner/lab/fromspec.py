@@ -8,7 +8,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Literal
 
-from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch, speed_for
+from provisioner.fabric import switchlinks
+from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
 from provisioner.lab.packages import VendorVersions
 from provisioner.lab.simtools import labstate
 from provisioner.spec.catalog import GPU_MODELS
@@ -33,17 +34,14 @@ def lab_nodes(cluster: Cluster) -> list[LabNodeSpec]:
 
 
 def lab_switches(cluster: Cluster) -> list[LabSwitch]:
-    return [LabSwitch(name=s.name, ports=s.ports) for s in cluster.switches]
+    return [LabSwitch(name=s.name, ports=s.ports, tier=s.tier, uplinks=s.uplinks, uplink_rate_gbps=s.uplink_rate_gbps)
+            for s in cluster.switches]
 
 
 def lab_cables(cluster: Cluster) -> list[LabCable]:
     ports = {(n.name, p.device): p.port for n in cluster.nodes for p in n.ports}
     return [LabCable(node=c.node, device=c.device, port=ports.get((c.node, c.device), 1), switch=c.switch,
                      switch_port=c.switch_port) for c in cluster.cables]
-
-
-TIERS = ("leaf", "spine", "core")
-"""Fat-tree tiers from the bottom up; a switch's uplinks go to the next tier above it that has switches."""
 
 
 @dataclass(frozen=True)
@@ -58,41 +56,12 @@ class LabSwitchLink:
     speed: str = "NDR"
 
 
-def _uplink_speed(rate_gbps: float) -> str:
-    """IB speed of a 4X uplink of this rate; NDR when the rate is no 4X rate (the lab needs some speed)."""
-    try:
-        return speed_for(rate_gbps, "4X")
-    except ValueError:
-        return "NDR"
-
-
 def lab_switch_links(cluster: Cluster) -> list[LabSwitchLink]:
-    """Leaf-to-spine and spine-to-core cables, laid out the way fat trees are usually cabled.
-
-    The spec says only how many uplinks each switch has (``uplinks:``), not where they land, so the lab
-    picks the conventional layout: a switch's uplinks are its *highest* ports; uplink ``j`` goes to upper
-    switch ``j mod n`` (spread evenly, so 32 uplinks over 16 spines = 2 cables per spine); the upper switch
-    takes them on its lowest free ports below its own uplinks. An uplink that finds no free port on any
-    upper switch stays unplugged (the spec's port budget does not close; ``provision validate`` says so).
-    """
-    by_tier = {t: [s for s in cluster.switches if s.tier == t] for t in TIERS}
-    links: list[LabSwitchLink] = []
-    for level, tier in enumerate(TIERS):
-        upper = next((by_tier[t] for t in TIERS[level + 1:] if by_tier[t]), [])
-        if not upper:
-            continue
-        next_free = {u.name: 1 for u in upper}
-        for sw in by_tier[tier]:
-            speed = _uplink_speed(sw.uplink_rate_gbps)
-            for j in range(sw.uplinks):
-                for k in range(len(upper)):
-                    up = upper[(j + k) % len(upper)]
-                    if next_free[up.name] <= up.ports - up.uplinks:
-                        links.append(LabSwitchLink(sw.name, sw.ports - sw.uplinks + 1 + j, up.name,
-                                                   next_free[up.name], "4X", speed))
-                        next_free[up.name] += 1
-                        break
-    return links
+    """Leaf-to-spine and spine-to-core cables exactly as the spec plans them (``switchlinks.plan``: a switch's
+    uplinks are its highest ports, spread evenly over the next tier up); the lab cables the plan, the
+    verification checks the live fabric against it."""
+    return [LabSwitchLink(p.switch, p.port, p.peer, p.peer_port, p.width, p.speed or "NDR")
+            for p in switchlinks.plan(cluster)]
 
 
 def write_switch_links(root: str, links: list[LabSwitchLink]) -> bool:

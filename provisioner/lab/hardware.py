@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from provisioner.fabric import switchlinks
 from provisioner.lab.simtools import labstate
 
 MELLANOX_OUI = "a088c2"
@@ -64,10 +65,14 @@ class LabNodeSpec:
 
 @dataclass(frozen=True)
 class LabSwitch:
-    """A fabric switch with ``ports`` ports (numbered from 1)."""
+    """A fabric switch with ``ports`` ports (numbered from 1); ``tier``/``uplinks``/``uplink_rate_gbps`` as the
+    spec gives them, from which the lab cables the links between tiers the spec plans."""
 
     name: str
     ports: int
+    tier: str = "leaf"
+    uplinks: int = 0
+    uplink_rate_gbps: float = 400.0
 
 
 @dataclass(frozen=True)
@@ -255,7 +260,10 @@ def fabric_state(
     simulated SM and MAD tools (``fabsim_sm``): ``cables`` is always a list; an empty
     list means the spec declared no cabling, so every linked-up port counts as cabled.
     Keys other parts of the lab own (``sm``, ``link_model``) are carried over from
-    ``previous`` so rewriting the fabric never wipes the SM's configuration.
+    ``previous`` so rewriting the fabric never wipes the SM's configuration; so are a switch's
+    fault state and counters (``down``, ``counters``). When a switch has ``uplinks``, the links
+    between tiers are cabled as the spec plans them (``switchlinks.plan_links``), replacing
+    any ``switch_links`` from before; otherwise those are carried over.
     """
     pool = _GuidPool({h["port_guid"] for n in nodes for h in n["hcas"]})
     fabric: dict[str, Any] = {
@@ -274,6 +282,13 @@ def fabric_state(
     for key, value in (previous or {}).items():
         if key not in ("cluster", "subnet_prefix", "nodes", "switches", "cables"):
             fabric[key] = value
+    before = {str(s.get("name")): s for s in (previous or {}).get("switches", [])}
+    for sw in fabric["switches"]:
+        sw.update({k: v for k, v in before.get(sw["name"], {}).items() if k in ("down", "counters")})
+    if any(sw.uplinks for sw in switches):
+        fabric["switch_links"] = [
+            {"switch": p.switch, "port": p.port, "peer": p.peer, "peer_port": p.peer_port, "width": p.width,
+             "speed": p.speed or "NDR"} for p in switchlinks.plan_links(switches)]
     return fabric
 
 

@@ -8,7 +8,7 @@ on this host.  It is built in two layers so that the slow part happens once:
    ``~/.cache/provisioner-lab/base-<hash>.rootfs.tar.zst`` where the hash covers the
    base recipe only; it is rebuilt only when that recipe changes;
 2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod``/``sminfo``/``saquery``/
-   ``iblinkinfo`` and the shared modules (``labstate.py``, ``fabsim_*.py``),
+   ``iblinkinfo``/``ibnetdiscover``/``ibqueryerrors`` and the shared modules (``labstate.py``, ``fabsim_*.py``),
    copied into a container of the base and committed; its hash is the image's
    ``provisioner-lab.recipe`` label, so an edit of those files costs seconds, not a
    debootstrap.
@@ -56,10 +56,10 @@ ExecStartPre=/usr/sbin/sshd -t
 
 LAB_LIB_DIR = "/usr/lib/provisioner-lab"
 SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod")
-LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_perftest.py", "fabsim_nccl.py", "fabsim_mpi.py",
-               "fabsim_sm.py")
+LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_fabric.py", "fabsim_perftest.py", "fabsim_nccl.py",
+               "fabsim_mpi.py", "fabsim_sm.py", "fabsim_pma.py")
 """Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
-MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover")
+MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors")
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -14,6 +14,7 @@ from typing import Any
 from provisioner.errors import ParseError
 from provisioner.parsers.iblinkinfo import parse_iblinkinfo
 from provisioner.parsers.ibnetdiscover import parse_ibnetdiscover
+from provisioner.parsers.ibqueryerrors import parse_ibqueryerrors
 from provisioner.parsers.ibstat import parse_ibstat
 from provisioner.parsers.ibstatus import parse_ibstatus
 from provisioner.parsers.nccl_tests import parse_nccl_tests
@@ -42,6 +43,7 @@ PARSERS: dict[str, Parser] = {
     "opensm-conf": parse_opensm_conf,
     "sminfo": parse_sminfo,
     "ibnetdiscover": parse_ibnetdiscover,
+    "ibqueryerrors": parse_ibqueryerrors,
 }
 
 __all__ = ["PARSERS", "Parser", "parse"]

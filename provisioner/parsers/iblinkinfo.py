@@ -1,7 +1,8 @@
 """Parser for ``iblinkinfo`` (default block form and ``-l`` one-line form).
 
-Each printed port becomes one link record: the node it belongs to (switch or CA name),
-port state and physical state, width, the lane signalling speed as printed
+Each printed port becomes one link record: the node it belongs to (switch or CA name) and
+its kind (``node_type``: ``switch`` or ``ca`` from the block header; ``None`` in the ``-l``
+form, which has no header), port state and physical state, width, the lane signalling speed as printed
 (``25.78125 Gbps``) and the nominal data rate derived from it (4X x 25 = 100 Gb/s, the
 figure ibstat would print). ``(Could be ...)`` hints from iblinkinfo — the link trained
 below what both ends support — become warnings.
@@ -49,10 +50,12 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
     links: list[dict[str, Any]] = []
     warnings: list[str] = []
     node: str | None = None
+    kind: str | None = None
     for line in text.splitlines():
         n = _NODE_RE.match(line.strip())
         if n and "==(" not in line:
             node = n.group("name").strip()
+            kind = "switch" if n.group("kind") == "Switch" else "ca"
             continue
         m = _LINK_RE.match(line)
         if not m:
@@ -64,6 +67,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
         peer = m.group("peer").strip() or None
         rec = {
             "switch": owner,
+            "node_type": kind if m.group("lname") is None else None,
             "port": int(m.group("port")),
             "state": norm_state(m.group("state")),
             "physical_state": norm_phys_state(m.group("phys")),

@@ -18,6 +18,7 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 
 from provisioner.fabric.findings import CheckResult, Finding
+from provisioner.report import fabric_picture
 from provisioner.report.model import VerifyReport, expected_versions, fraction, peer_versions
 from provisioner.spec import hostlist
 
@@ -63,6 +64,7 @@ ul.items>li[data-severity=notrun]{border-left-color:#d4a72c}
 .reason{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px;background:#f6f8fa;padding:1px 4px}
 ul.where{margin:2px 0 2px 18px;padding:0;font-size:13px}
 details>summary{cursor:pointer;color:#57606a;margin:6px 0}
+div.fabric{max-width:100%;overflow:hidden}
 """
 
 
@@ -370,6 +372,7 @@ def to_html(report: VerifyReport) -> str:
         f'<p class="meta">started {_e(report.started.isoformat())} · '
         f"finished {_e(report.finished.isoformat())} · {report.duration_s:.0f} s</p>{summary}"
         f'<h2>Findings by node</h2><div id="findings">{_findings_by_node(report, reasons)}</div>'
+        f'<h2>Fabric</h2><section id="fabric">{fabric_picture.section(report.fabric)}</section>'
         f"<h2>Pairwise bandwidth (ib_write_bw)</h2>{_heatmaps(report)}"
         f"<h2>Versions (compared between peers: one profile, the same roles)</h2>{_versions(report)}"
         f"<h2>Checks</h2>{_checks_table(report.checks)}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from provisioner.fabric.findings import CheckResult, Finding, Verdict
+from provisioner.report.fabric_picture import FabricPicture
 
 #: Bandwidth per rail: ``{rail: {(server, client): gbps}}``.
 BandwidthMatrix = Mapping[int, Mapping[tuple[str, str], float]]
@@ -26,6 +27,7 @@ class VerifyReport:
     ``line_rate`` is the expected per-port rate per rail (Gb/s) from the spec; bandwidth figures are shown as
     a fraction of it. ``versions`` is ``{node: {component: version}}`` as observed on each node. ``peers`` names
     each node's peer group (one profile and the same roles): versions are compared within a group only.
+    ``fabric`` is the picture of the switch tiers, their links and the node ports (None without switches).
     """
 
     cluster: str
@@ -37,6 +39,7 @@ class VerifyReport:
     versions: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     notes: tuple[str, ...] = ()
     peers: Mapping[str, str] = field(default_factory=dict)
+    fabric: FabricPicture | None = None
 
     @property
     def verdict(self) -> Verdict:

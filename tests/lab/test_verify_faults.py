@@ -34,7 +34,14 @@ from provisioner.errors import LabError
 from provisioner.fabric.findings import Finding
 from provisioner.lab import cluster as lab
 from provisioner.lab import faults
-from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
+from provisioner.lab.fromspec import (
+    lab_cables,
+    lab_nodes,
+    lab_switch_links,
+    lab_switches,
+    lab_versions,
+    write_switch_links,
+)
 from provisioner.lab.host import ensure_containers_conf, podman
 from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.lab.names import container_name
@@ -91,6 +98,11 @@ def _converge(host: str) -> None:
              f"{APT} update && {APT} install -y --no-install-recommends {PACKAGES[kind]}")
     if kind == "gpu":
         sh(host, "modprobe nvidia_peermem")
+        # what the nvidia_driver role does: persistenced with persistence mode on (the packaged unit says off)
+        sh(host, "mkdir -p /etc/systemd/system/nvidia-persistenced.service.d && printf '%s\n' '[Service]' "
+                 "'ExecStart=' 'ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
+                 "--persistence-mode --verbose' > /etc/systemd/system/nvidia-persistenced.service.d/pm.conf && "
+                 "systemctl daemon-reload && systemctl restart nvidia-persistenced")
 
 
 def _configure_ipoib(cluster: Cluster, host: str) -> None:
@@ -117,7 +129,10 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
     ensure_containers_conf()
     spec = tmp_path_factory.mktemp("spec") / "cluster.yaml"
+    # Three uplinks per leaf, as many as the GPU ports on it: one missing uplink then shows in the load round
+    # (the example's eight would carry the three flows of a leaf even with a few gone).
     text = EXAMPLE.read_text().replace("cluster: {name: lab,", f"cluster: {{name: {NAME},")
+    text = text.replace("uplinks: 8}", "uplinks: 3}")
     spec.write_text(text + "  tests: [links, ipoib, bandwidth, gpudirect, nccl, cabling]\n")
     base, _ = load_cluster(spec)
 
@@ -133,6 +148,7 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     request.addfinalizer(teardown)  # also after a failed bring-up
     info = lab.lab_up(NAME, lab_nodes(base), lab_switches(base), lab_cables(base), versions=lab_versions(base),
                       ipoib_links=lab_ipoib_links(base))
+    write_switch_links(str(info.state_dir), lab_switch_links(base))
     with ThreadPoolExecutor(max_workers=len(HOSTS)) as pool:
         list(pool.map(_converge, HOSTS))
     known_hosts = yaml.safe_load(info.overlay.read_text())["ssh"]["known_hosts"]
@@ -183,7 +199,9 @@ def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
     assert not serious(run), show(serious(run))
     ran = {c.name for c in run.report.checks}
     assert {"links", "versions", "subnet_manager", "ipoib", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
-            "cabling"} <= ran, ran
+            "cabling", "switch_links", "switch_ports", "fabric_load"} <= ran, ran
+    load = next(c for c in run.report.checks if c.name == "fabric_load")
+    assert load.measurements["flows"] == 6 and load.measurements["flows_slow"] == 0  # every flow across leaves
 
 
 # ---------------------------------------------------------------- faults, one test per kind
@@ -301,7 +319,8 @@ def test_unreachable_node_is_could_not_run_not_a_hang(labc: Lab) -> None:
         clear(labc, "gpu01", "unreachable")
     assert [(c.name, c.node) for c in run.report.checks if not c.ran] == [("ssh", "gpu01")]
     assert run.exit_code == 2 and not serious(run), show(run.report.findings())
-    assert [(c.name, c.node) for c in run.report.checks if c.skipped is not None] == [("bandwidth", "gpu01")]
+    assert [(c.name, c.node) for c in run.report.checks if c.skipped is not None] == [("bandwidth", "gpu01"),
+                                                                                      ("fabric_load", "gpu01")]
     assert {pair for rail in run.report.bandwidth.values() for pair in rail} == {("gpu02", "gpu03")}
 
 
@@ -367,6 +386,63 @@ def test_ipoib_wrong_address_is_named_with_both_addresses(labc: Lab) -> None:
     assert again.exit_code == 0, show(again.report.findings())
 
 
+# ---------------------------------------------------------------- switch faults (leaf ports 62-64 go up to spine1)
+
+
+def test_uplink_down_is_named_and_the_load_round_blames_the_leaf(labc: Lab) -> None:
+    """One of leaf2's three uplinks gone: the link is named by both its ports, leaf2's oversubscription is
+    given, and the load round (healthy above: no slow flow) blames leaf2, not the nodes on it."""
+    inject(labc, "leaf2", "uplink_down", port=63)
+    try:
+        run = verify(labc.cluster, tests=["cabling", "bandwidth"], write=False)
+    finally:
+        assert faults.clear(labc.root, "leaf2", "uplink_down")
+        faults.reset_switch_counters(labc.root)
+    found = errors_of(run, "switch_links")
+    assert [(f.switch, f.port, f.message) for f in found] == [(
+        "leaf2", 63, "leaf2 port 63 ↔ spine1 port 5: missing (leaf2 port 63 is Down/Polling; spine1 port 5 is "
+                     "Down/Polling)")], show(run.report.findings())
+    warned = [f.message for f in serious(run) if f.check == "switch_links" and f.severity == "warning"]
+    assert warned == ["leaf2: 2 of 3 uplinks up → 1.50:1 (planned 1.00:1; 1200 Gb/s down, 800 of 1200 Gb/s up)"]
+    load = errors_of(run, "fabric_load")
+    assert [(f.switch, f.node) for f in load] == [("leaf2", None)], show(run.report.findings())
+    assert "2 of 3 uplinks up → 1.50:1 (planned 1.00:1): the switch's uplinks, not the nodes" in load[0].message
+    assert errors_of(run, "pairwise_bandwidth") == []  # the pairs within a leaf never noticed
+    assert_only_blamed(run, set())
+
+
+def test_uplink_degraded_is_named_with_its_switch_port_counters(labc: Lab) -> None:
+    inject(labc, "leaf1", "uplink_degraded", port=62, width="2X")
+    try:
+        run = verify(labc.cluster, tests=["cabling"], write=False)
+    finally:
+        assert faults.clear(labc.root, "leaf1", "uplink_degraded")
+        faults.reset_switch_counters(labc.root)
+    found = errors_of(run, "switch_links")
+    assert [(f.switch, f.port, f.message) for f in found] == [(
+        "leaf1", 62, "leaf1 port 62 ↔ spine1 port 1: degraded to 200 Gb/s (width 2X, planned 4X), planned 400 "
+                     "Gb/s")], show(run.report.findings())
+    counters = sorted((f.switch, f.port, f.message.split(": ")[-1]) for f in serious(run) if f.check == "switch_ports"
+                      and "above threshold" in f.message)
+    assert counters == [("leaf1", 62, "symbol_error 12 (> 10)"), ("spine1", 1, "symbol_error 12 (> 10)")], counters
+    assert_only_blamed(run, set())
+
+
+def test_switch_down_names_the_switch_and_every_link_it_took(labc: Lab) -> None:
+    inject(labc, "spine1", "switch_down")
+    try:
+        run = verify(labc.cluster, tests=["cabling"], write=False)
+    finally:
+        assert faults.clear(labc.root, "spine1", "switch_down")
+        faults.reset_switch_counters(labc.root)
+    found = errors_of(run, "switch_links")
+    assert [(f.switch, f.port, f.message) for f in found] == [(
+        "spine1", None, "spine1: not in the fabric (no port of it answers); its 6 planned links are down: leaf1 "
+                        "port 62-64; leaf2 port 62-64")], show(run.report.findings())
+    assert errors_of(run, "cabling") == []  # the node cables are all where they should be
+    assert_only_blamed(run, set())
+
+
 def test_every_fault_kind_has_a_test_here() -> None:
     text = Path(__file__).read_text()
     assert [k for k in faults.FAULT_KINDS if f'"{k}"' not in text] == []
@@ -390,8 +466,8 @@ def test_hardware_swap_last_changed_host_key_stops_that_node_only(labc: Lab) -> 
     blamed = [f for f in run.report.findings() if "gpu02" in (f.node, f.peer) or "gpu02" in f.message]
     assert blamed == [], show(blamed)
     skipped = sorted((c.name, c.node, c.skipped or "") for c in run.report.checks if c.skipped is not None)
-    assert [(n, h) for n, h, _ in skipped] == [("bandwidth", "gpu02"), ("gpudirect_bandwidth", "gpu02"),
-                                               ("nccl", "gpu02")], skipped
+    assert [(n, h) for n, h, _ in skipped] == [("bandwidth", "gpu02"), ("fabric_load", "gpu02"),
+                                               ("gpudirect_bandwidth", "gpu02"), ("nccl", "gpu02")], skipped
     assert all("gpu02 could not be reached" in why for _, _, why in skipped), skipped
     measured = {pair for rail in run.report.bandwidth.values() for pair in rail}
     assert measured and all("gpu02" not in pair for pair in measured), measured

@@ -117,3 +117,36 @@ def test_a_list_is_applied_in_order(lab: str, tmp_path: Path) -> None:
     assert gpu02["mlx5_0"]["bw_factor"] == 0.25
     assert "nvidia_peermem" not in labstate.load_modules(lab, "gpu02")
     assert len(calls) == 1 and calls[0][:2] == ["exec", "plab-ff-gpu02"]
+
+
+def test_switch_faults_in_a_list_target_switches(lab: str, tmp_path: Path) -> None:
+    from provisioner.lab import fromspec
+
+    fromspec.write_switch_links(lab, [fromspec.LabSwitchLink("leaf0", 8, "leaf1", 8)])
+    text = ("- {node: leaf0, kind: uplink_down, port: 8}\n"
+            "- {node: gpu01, kind: port_down, device: mlx5_0}\n")
+    entries = faults.load_fault_list(_file(tmp_path, text), faults.lab_devices(lab), faults.lab_switches(lab))
+    records = faults.apply_fault_list(lab, entries, runner=lambda _cmd: None)
+    assert [(r["kind"], r.get("switch")) for r in records] == [("uplink_down", "leaf0"), ("port_down", None)]
+    assert labstate.load_fabric(lab)["switch_links"][0]["state"] == "down"
+    for bad, message in (("- {node: leaf0, kind: port_down, device: mlx5_0}\n", "switch faults"),
+                         ("- {node: gpu01, kind: switch_down}\n", "switch faults"),
+                         ("- {node: leaf0, kind: uplink_down}\n", "uplink_down needs port")):
+        with pytest.raises(UsageError, match=message):
+            faults.load_fault_list(_file(tmp_path, bad), faults.lab_devices(lab), faults.lab_switches(lab))
+
+
+def test_cli_clear_without_a_kind_clears_every_fault_of_the_node(lab: str, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`provision lab fault CLUSTER NODE --clear`, as its help says (it used to ask for a kind)."""
+    from provisioner.cli import main
+    from provisioner.lab import cluster
+
+    monkeypatch.setattr(cluster, "cluster_dir", lambda _name: Path(lab))
+    faults.inject(lab, "gpu01", "port_down", device="mlx5_0")
+    faults.inject(lab, "gpu01", "slow_link", device="mlx5_1")
+    assert main(["lab", "fault", "ff", "gpu01", "--clear"]) == 0
+    assert labstate.load_node(lab, "gpu01")["faults"] == []
+    assert "gpu01: cleared slow_link, port_down" in capsys.readouterr().out
+    assert main(["lab", "fault", "ff", "gpu09", "--clear"]) == 2  # one line, not a traceback
+    assert "no node or switch 'gpu09'" in capsys.readouterr().err

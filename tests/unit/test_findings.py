@@ -36,6 +36,7 @@ def test_finding_json_has_fixed_keys_and_order() -> None:
         "port",
         "rail",
         "peer",
+        "switch",
         "expected",
         "observed",
         "message",

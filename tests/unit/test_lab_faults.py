@@ -120,6 +120,33 @@ def test_sm_killed_stops_the_unit(lab: str) -> None:
                          ["exec", "plab-c1-gpu01", "systemctl", "start", "opensm"]]
 
 
+def test_sm_killed_state_is_written_before_the_sm_stops(lab: str) -> None:
+    """The standby sweeps every port as soon as the master is gone; a node.json read before the stop and saved
+    after it would put the old SM LID back on the port (seen in the lab as one port "reporting SM LID 1")."""
+    seen: list[object] = []
+
+    def standby_sweeps(cmd: list[str]) -> None:
+        seen.append([f["kind"] for f in labstate.load_node(lab, "gpu01")["faults"]])
+        node = labstate.load_node(lab, "gpu01")
+        node["hcas"][0]["sm_lid"] = 11  # what the new master writes the moment the old one stops
+        labstate.save_node(lab, node)
+
+    faults.inject(lab, "gpu01", "sm_killed", unit="opensm", runner=standby_sweeps)
+    assert seen == [["sm_killed"]] and labstate.load_node(lab, "gpu01")["hcas"][0]["sm_lid"] == 11
+    faults.clear(lab, "gpu01", runner=standby_sweeps)
+    assert seen[-1] == [] and labstate.load_node(lab, "gpu01")["hcas"][0]["sm_lid"] == 11
+
+
+def test_a_fault_whose_command_fails_is_not_recorded(lab: str) -> None:
+    def broken(cmd: list[str]) -> None:
+        raise LabError("podman exec: no such container")
+
+    with pytest.raises(LabError, match="no such container"):
+        faults.inject(lab, "gpu02", "unreachable", runner=broken)
+    node = labstate.load_node(lab, "gpu02")
+    assert node["faults"] == [] and node["reachable"] is True
+
+
 def test_cables_swapped_edits_fabric_and_back(lab: str) -> None:
     faults.inject(lab, "gpu01", "cables_swapped", device="mlx5_0", other_host="gpu02", other_device="mlx5_0")
     cables = labstate.load_fabric(lab)["cables"]

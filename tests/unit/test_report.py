@@ -26,7 +26,7 @@ from provisioner.fabric.schedule import (
     run_quick,
     verdict_findings,
 )
-from provisioner.report import VerifyReport, html_report, to_html, to_json, to_junit, version_mismatches
+from provisioner.report import VerifyReport, fabric_picture, html_report, to_html, to_json, to_junit, version_mismatches
 
 NODES = [f"gpu{i:02d}" for i in range(6)]
 RAILS = (0, 1)
@@ -300,7 +300,31 @@ def build_big_report() -> VerifyReport:
         cluster="h100-16", started=datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC),
         finished=datetime(2025, 3, 1, 12, 9, 30, tzinfo=UTC), checks=tuple(checks), bandwidth=out.matrix,
         line_rate=out.line_rate, versions=versions, notes=tuple(out.notes),
-        peers={n: g for g, ns in peer_groups(cluster).items() for n in ns})
+        peers={n: g for g, ns in peer_groups(cluster).items() for n in ns}, fabric=big_fabric_picture())
+
+
+def big_fabric_picture() -> fabric_picture.FabricPicture:
+    """examples/h100-ndr-64node-3tier.yaml (41 switches, 514 node ports) with spine07 dead, two of leaf03's
+    uplinks missing, one bad node port and one node that could not be reached."""
+    from provisioner.fabric import switchlinks
+    from provisioner.spec import load_text
+
+    text = (Path(__file__).resolve().parents[2] / "examples" / "h100-ndr-64node-3tier.yaml").read_text()
+    loaded = load_text(text, "cluster.yaml")
+    assert loaded.cluster is not None
+    c = loaded.cluster
+    planned = switchlinks.plan(c)
+    live = [switchlinks.LiveLink(p.switch, p.port, p.peer, p.peer_port, "active", "linkup", "4X", p.rate_gbps)
+            for p in planned if "spine07" not in (p.switch, p.peer) and not (p.switch == "leaf03" and p.port > 62)]
+    view = switchlinks.LiveView(links=live, seen={s.name for s in c.switches} - {"spine07"})
+    comparison = switchlinks.compare(c, planned, view)
+    checks = [CheckResult.from_findings("switch_links", None, comparison.findings),
+              CheckResult.from_findings("links", "gpu005", [Finding(
+                  "links", "error", "gpu005", "mlx5_3", 1, "Active/LinkUp", "down/polling",
+                  "mlx5_3/1 is down/polling", "check the cable")])]
+    pic = fabric_picture.build(c, checks, planned, comparison, {"gpu064": HOST_KEY})
+    assert pic is not None
+    return pic
 
 
 #: Appended to a copy of the page (whose CSP forbids scripts): writes what the browser laid out into the DOM.
@@ -310,7 +334,9 @@ const sections = [...document.querySelectorAll("section.node")].map(e => ({
   node: e.dataset.node,
   items: [...e.querySelectorAll(":scope > ul.items > li")].map(li => li.dataset.severity)}));
 const infos = [...document.querySelectorAll("li[data-severity=info]")];
+const svg = document.querySelector("#fabric-svg");
 const out = {scrollWidth: s.scrollWidth, clientWidth: s.clientWidth, sections: sections,
+  fabricWidth: svg ? svg.getBoundingClientRect().right : null,
   infos: infos.length, infosOutsideDetails: infos.filter(li => !li.closest("details")).length,
   openDetails: document.querySelectorAll("details[open]").length, text: document.body.textContent};
 const pre = document.createElement("pre"); pre.id = "measure"; pre.textContent = JSON.stringify(out);
@@ -350,6 +376,7 @@ def test_big_report_reads_at_laptop_width_in_headless_chromium(tmp_path: Path) -
     page = to_html(report)
     got = _laid_out(tmp_path, page)
     assert got["scrollWidth"] <= got["clientWidth"] == 1280, (got["scrollWidth"], got["clientWidth"])
+    assert 0 < got["fabricWidth"] <= 1280, got["fabricWidth"]  # the fabric picture scales into the page
     sections = [(s["node"], s["items"]) for s in got["sections"]]
     nodes = [n for n, _ in sections]
     assert len(nodes) == len(set(nodes))  # one section per node
@@ -385,6 +412,34 @@ def test_html_renders_in_headless_chromium(tmp_path: Path) -> None:
     subprocess.run([*base, f"--screenshot={shot}", LAPTOP, page.as_uri()], capture_output=True, timeout=120,
                    check=True)
     assert shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_fabric_picture_colours_switches_links_and_ports() -> None:
+    pic = big_fabric_picture()
+    status = {s.name: s.status for s in pic.switches}
+    assert status["spine07"] == "down" and status["leaf03"] in ("error", "warning")
+    assert {s for s, v in status.items() if v == "ok"} == {s.name for s in pic.switches} - {
+        "spine07", "leaf03", *{lk.lower for lk in pic.links if lk.upper == "spine07"}}
+    bad_links = {(lk.lower, lk.upper) for lk in pic.links if lk.status == "error"}
+    assert ("leaf03", "spine16") in bad_links and all("spine07" in (lo, u) or lo == "leaf03" for lo, u in bad_links)
+    ports = {(p.node, p.device): p.status for p in pic.ports}
+    assert len(ports) == 514 and ports[("gpu005", "mlx5_3")] == "error"
+    assert {d for (n, d), v in ports.items() if n == "gpu064"} == {f"mlx5_{i}" for i in range(8)}
+    assert all(v == "notrun" for (n, _), v in ports.items() if n == "gpu064")
+    svg = fabric_picture.to_svg(pic)
+    assert svg.count('class="switch"') == 41 and svg.count('class="port"') == 514
+    assert svg.count('class="port" data-node="gpu005" data-status="error"') == 1
+    assert "stroke-dasharray" in svg and "http" not in svg.replace('xmlns="http://www.w3.org/2000/svg"', "")
+
+
+def test_fabric_picture_is_a_summary_above_a_few_hundred_switches(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fabric_picture, "MAX_DRAWN_SWITCHES", 40)
+    body = fabric_picture.section(big_fabric_picture())
+    assert "<svg" not in body and 'id="fabric-summary"' in body
+    assert "<td>16: 15 ok, 0 warning, 0 error, 1 not in the fabric</td><td>465 of 496 up</td>" in body  # spines
+    assert "<td>17: 1 ok, 15 warning, 1 error, 0 not in the fabric</td><td>480 of 514 up</td>" in body  # leaves
+    assert '<li data-status="down"><b>spine07</b>' in body
+    assert fabric_picture.section(None).startswith("<p>The spec lists no switches")
 
 
 def test_browser_tests_fail_rather_than_skip_in_ci(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -32,7 +32,7 @@ import pytest
 from provisioner.fabric import sm as fabric_sm
 from provisioner.lab.hardware import LabHca, LabNodeSpec, write_lab_state
 from provisioner.lab.nodetools import kmod_sim
-from provisioner.lab.simtools import labstate
+from provisioner.lab.simtools import fabsim_pma, labstate
 from provisioner.parsers import parse
 from tests.unit import test_simtools_fabric as fab
 from tests.unit import test_simtools_host as host
@@ -46,6 +46,7 @@ MAPS: dict[str, frozenset[str]] = {
     "lsmod": frozenset({"modules"}),
     "nvidia-smi-topo": frozenset({"nic_names", "matrix", "matrix{}", "gpu_nic_affinity"}),
     "opensm-conf": frozenset({"options"}),
+    "ibqueryerrors": frozenset({"nodes[].ports[].counters"}),
 }
 
 Pairs = set[tuple[str, str]]
@@ -238,6 +239,22 @@ def test_ibnetdiscover_parity(fablab: Path) -> None:
     out = parse("ibnetdiscover", done.stdout)
     assert out["switches"] and out["cas"] and out["links"], done.stdout
     assert_same_fields("ibnetdiscover", [out], real_pairs("ibnetdiscover"))
+
+
+def test_ibqueryerrors_parity(fablab: Path) -> None:
+    """A switch port and a CA port with errors, as the real captures have both (switch block with port ALL)."""
+    fab.activate_all(fablab)
+    _heartbeat(fablab, "0xa088c20300010000", 1, 14, "master")
+    fabric = labstate.load_fabric(str(fablab))
+    fabsim_pma.bump_switch_counters(fabric, "leaf00", 1, {"symbol_error": 250, "link_downed": 3})
+    labstate.save_fabric(str(fablab), fabric)
+    labstate.bump_counters(str(fablab), "gpu02", "mlx5_0", 1, {"port_xmit_wait": 7})
+    done = fab.run_tool(fablab, "gpu01", "ibqueryerrors")
+    assert done.returncode == 1, done.stderr
+    out = parse("ibqueryerrors", done.stdout)
+    assert sorted((n["type"], len(n["ports"])) for n in out["nodes"]) == [("ca", 1), ("switch", 2)], done.stdout
+    assert out["summary"]["bad_ports"] == 2 and out["complete"]
+    assert_same_fields("ibqueryerrors", [out], real_pairs("ibqueryerrors"))
 
 
 def _heartbeat(lab: Path, guid: str, lid: int, priority: int, state: str) -> None:

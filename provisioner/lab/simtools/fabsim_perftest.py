@@ -10,8 +10,10 @@ Formats follow perftest's own ``printf`` strings (Debian perftest 4.5-0.17 binar
 ``/usr/bin/ib_write_bw``, and captured runs in linux-rdma/perftest issues #132, #214,
 #234, #31, #126).  Result line: `` %-7lu    %-10lu       %-7.2lf            %-7.2lf\\t\\t   %-7.6lf``.
 
-Bandwidth model (documented in docs/notes/simtools-fabric.md):
-``min(rate_a * bw_factor_a, rate_b * bw_factor_b) * efficiency``, efficiency 0.98 at
+Bandwidth model (documented in docs/notes/simtools-fabric.md and docs/lab-hardware-model.md):
+the flow's max-min fair share of the fabric (``fabsim_fabric.fair_share``: its ports' rates x bw_factor and
+the switch-to-switch links on its route, shared with the flows running at the same time; alone on one leaf
+that is ``min(rate_a * bw_factor_a, rate_b * bw_factor_b)``) ``* efficiency``, efficiency 0.98 at
 large messages (NDR 400 Gb/s ports report ~392 Gb/s), capped at small sizes by a message
 rate of 2.64 Mpps (perftest issue #132: 2-byte writes at 2.636533 Mpps), times a
 deterministic +-0.3 % jitter.  GPUDirect (``--use_cuda``) costs another 1.5 %.
@@ -30,9 +32,11 @@ from typing import Any, TextIO
 
 try:
     from provisioner.lab.simtools import fabsim_common as common
+    from provisioner.lab.simtools import fabsim_fabric as fabric
     from provisioner.lab.simtools import labstate
 except ImportError:  # inside a node
     import fabsim_common as common  # type: ignore[import-not-found,no-redef]
+    import fabsim_fabric as fabric  # type: ignore[import-not-found,no-redef]
     import labstate  # type: ignore[import-not-found,no-redef]
 
 DEFAULT_PORT = 18515
@@ -191,6 +195,9 @@ def cuda_lines(node: dict[str, Any], index: int, modules: list[str], driver: boo
 def port_info(hca: dict[str, Any], opts: Options, gpu_ok: bool) -> dict[str, Any]:
     """What one side sends the other during the exchange."""
     return {
+        "host": common.this_host(),
+        "device": str(hca.get("device")),
+        "ib_port": int(hca.get("port", 1)),
         "lid": int(hca.get("lid", 0)),
         "guid": str(hca.get("port_guid", "0x0")),
         "rate_gbps": float(hca.get("rate_gbps", 0)),
@@ -220,9 +227,11 @@ def sizes_for(opts: Options) -> list[int]:
     return [opts.size]
 
 
-def bandwidth_gbps(local: dict[str, Any], remote: dict[str, Any], size: int, run: str) -> float:
-    """Average one-way bandwidth in Gb/s for one message size."""
-    link = min(local["rate_gbps"] * local["bw_factor"], remote["rate_gbps"] * remote["bw_factor"])
+def bandwidth_gbps(local: dict[str, Any], remote: dict[str, Any], size: int, run: str,
+                   share: float | None = None) -> float:
+    """Average one-way bandwidth in Gb/s for one message size (``share``: the flow's fair share of the fabric)."""
+    link = share if share is not None else min(local["rate_gbps"] * local["bw_factor"],
+                                               remote["rate_gbps"] * remote["bw_factor"])
     eff = EFFICIENCY * (GDR_EFFICIENCY if (local["cuda"] or remote["cuda"]) else 1.0)
     peak = link * eff
     rate_cap = size * 8 * MAX_MSG_RATE * max(1, int(local["qps"])) / 1e9
@@ -230,11 +239,12 @@ def bandwidth_gbps(local: dict[str, Any], remote: dict[str, Any], size: int, run
     return float(min(peak, rate_cap) * common.jitter(JITTER, "bw", run, guids[0], guids[1], size))
 
 
-def result_rows(local: dict[str, Any], remote: dict[str, Any], opts: Options, run: str) -> list[str]:
+def result_rows(local: dict[str, Any], remote: dict[str, Any], opts: Options, run: str,
+                share: float | None = None) -> list[str]:
     """The table rows as perftest prints them."""
     rows = []
     for size in sizes_for(opts):
-        gbps = bandwidth_gbps(local, remote, size, run)
+        gbps = bandwidth_gbps(local, remote, size, run, share)
         if opts.bidirectional:
             gbps *= 2 * common.jitter(JITTER, "bidir", run, size)
         bytes_per_s = gbps * 1e9 / 8
@@ -445,9 +455,47 @@ def _report(
         print(" Failed to complete run_iter_bw function successfully", file=err)
         return 1
     local, remote = (mine, peer) if not is_server else (peer, mine)
-    print("\n".join(result_rows(local, remote, eff, run)), file=out)
+    share = _share(conn, is_server, local, remote, eff)
+    if share is None:
+        # no live path between the two ports (every uplink down): the RC QP's retries run out
+        print("Completion with error at " + ("server" if is_server else "client"), file=err)
+        print("Failed status 12: wr_id 0 syndrom 0x81", file=err)
+        print(" Failed to complete run_iter_bw function successfully", file=err)
+        return 1
+    print("\n".join(result_rows(local, remote, eff, run, share)), file=out)
     print(DASHES, file=out, flush=True)
     return 0
+
+
+def _share(conn: socket.socket, is_server: bool, client: dict[str, Any], server: dict[str, Any],
+           opts: Options) -> float | None:
+    """The flow's fair share of the fabric (Gb/s, one direction): the client works it out and tells the server.
+
+    ``-b`` runs both directions at once; the share is then their mean (the rows double it).
+    """
+    if is_server:
+        conn.settimeout(_float_env("PROVISIONER_LAB_FLOW_WAIT_S", 10.0) * 3 + 10)
+        value = _recv(conn).get("share")
+        return float(value) if isinstance(value, int | float) else None
+    root = common.lab_root()
+    src = (str(client.get("host")), str(client.get("device")), int(client.get("ib_port", 1)))
+    dst = (str(server.get("host")), str(server.get("device")), int(server.get("ib_port", 1)))
+    pairs = [(src, dst), (dst, src)] if opts.bidirectional else [(src, dst)]
+    fid = f"{src[0]}-{os.getpid()}-{opts.tcp_port}"
+    try:
+        rates = fabric.fair_share(root, fid, pairs)
+        share = None if any(r is None for r in rates) else sum(float(r or 0) for r in rates) / len(rates)
+        _send(conn, {"share": share})
+    finally:
+        fabric.unregister(root, fid)
+    return share
+
+
+def _float_env(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, "") or default)
+    except ValueError:
+        return default
 
 
 def _adopt(opts: Options, client: dict[str, Any]) -> Options:
