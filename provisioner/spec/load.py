@@ -155,7 +155,7 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
         for hi, hca in enumerate(prof.hcas):
             path: Path = ("profiles", pname, "hcas", hi)
             try:
-                devices = hostlist.expand(hca.device)
+                devices = hostlist.expand(hca.device, ordered=True)
             except hostlist.HostlistError as exc:
                 rep.add((*path, "device"), "SPEC-HOSTLIST", str(exc), "write e.g. mlx5_[0-7]")
                 continue
@@ -204,12 +204,12 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
     for gi, group in enumerate(spec.nodes):
         path = ("nodes", gi)
         try:
-            names = hostlist.expand(group.name)
+            names = hostlist.expand(group.name, ordered=True)
         except hostlist.HostlistError as exc:
             rep.add((*path, "name"), "SPEC-HOSTLIST", str(exc), "write e.g. gpu[001-128]")
             continue
         try:
-            addrs = hostlist.expand(group.address)
+            addrs = hostlist.expand(group.address, ordered=True)
         except hostlist.HostlistError as exc:
             rep.add((*path, "address"), "SPEC-HOSTLIST", str(exc), "write e.g. 10.0.0.[11-138]")
             continue
@@ -265,8 +265,9 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
     for si, sw in enumerate(spec.switches):
         path = ("switches", si)
         try:
-            names = hostlist.expand(sw.name)
-            sw_addrs: list[str | None] = list(hostlist.expand(sw.address)) if sw.address else [None] * len(names)
+            names = hostlist.expand(sw.name, ordered=True)
+            sw_addrs: list[str | None] = (list(hostlist.expand(sw.address, ordered=True)) if sw.address
+                                          else [None] * len(names))
         except hostlist.HostlistError as exc:
             rep.add(path, "SPEC-HOSTLIST", str(exc), "write e.g. leaf[01-04]")
             continue
@@ -301,9 +302,9 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
     for ci, cab in enumerate(spec.fabric.topology.cabling):
         path = ("fabric", "topology", "cabling", ci)
         try:
-            cnodes = hostlist.expand(cab.nodes)
+            cnodes = hostlist.expand(cab.nodes, ordered=True)
             body = cab.ports if cab.ports.startswith("[") else f"[{cab.ports}]"
-            cports = [int(p) for p in hostlist.expand(body)]
+            cports = [int(p) for p in hostlist.expand(body, ordered=True)]
         except (hostlist.HostlistError, ValueError) as exc:
             rep.add(path, "SPEC-HOSTLIST", str(exc), "write nodes: gpu[01-16], ports: 1-16")
             continue
