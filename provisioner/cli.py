@@ -456,21 +456,51 @@ app.add_typer(export_app, name="export")
 def export_nhc_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for one <node>.conf each; standard "
-                                                 "output when unset.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write nhc.conf here; standard output when unset.",
+                                                  dir_okay=False)] = None,
 ) -> None:
-    """LBNL NHC checks per node from the spec (HCA rates, mounts, GPUs, the SM), for the site's health checks."""
-    from provisioner.verify import export_nhc
+    """One LBNL NHC nhc.conf from the spec (HCA rates, mounts, GPUs, the SM daemon), each check once for the
+    nodes that share it, behind an NHC node range ({gpu[01-64]}). Nothing in it starts or restarts a service."""
+    from provisioner.fabric.nhc import export_nhc
 
     cluster, _ = load_cluster(spec, overlay)
-    confs = export_nhc(cluster)
-    if out_dir is None:
-        out.print("".join(confs.values()), markup=False, end="")
+    _write_or_print(export_nhc(cluster), out_file)
+
+
+@export_app.command("slurm")
+def export_slurm_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write topology.conf and gres.conf into this "
+                                                 "directory; standard output when unset.", file_okay=False)] = None,
+    autodetect: Annotated[bool, typer.Option("--autodetect", help="gres.conf says AutoDetect=nvml instead of "
+                                             "listing /dev/nvidia* per node.")] = False,
+) -> None:
+    """Slurm's topology.conf (topology/tree: the leaves with their nodes, the switches above them) and gres.conf
+    (the GPUs per node) from the spec."""
+    from provisioner.export.slurm import export_gres, export_topology
+
+    cluster, _ = load_cluster(spec, overlay)
+    files = {"topology.conf": export_topology(cluster), "gres.conf": export_gres(cluster, autodetect=autodetect)}
+    for name, text in files.items():
+        if out_dir is None:
+            out.print(f"# ==> {name} <==\n{text}", markup=False)
+        else:
+            _write_or_print(text, out_dir / name)
+
+
+def _write_or_print(text: str, path: Path | None) -> None:
+    if path is None:
+        out.print(text, markup=False, end="")
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for node, text in confs.items():
-        (out_dir / f"{node}.conf").write_text(text, encoding="utf-8")
-    err.print(f"wrote {len(confs)} file(s) under {out_dir}", markup=False)
+    from provisioner.errors import UsageError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    err.print(f"wrote {path}", markup=False)
 
 
 @app.command("switches")
