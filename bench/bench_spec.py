@@ -24,7 +24,7 @@ def make_spec(n: int) -> str:
     for pod in range(pods):
         lo, hi = pod * 32 + 1, min(n, pod * 32 + 32)
         for r in range(8):
-            cab.append(f'      - {{nodes: "gpu[{lo:04d}-{hi:04d}]", hca: mlx5_{r}, switch: leaf{pod * 8 + r + 1:04d}, '
+            cab.append(f'      - {{nodes: "gpu[{lo:05d}-{hi:05d}]", hca: mlx5_{r}, switch: leaf{pod * 8 + r + 1:05d}, '
                        f"ports: 1-{hi - lo + 1}}}")
     return f"""cluster: {{name: big, os: ubuntu-22.04}}
 software:
@@ -42,10 +42,10 @@ profiles:
   svc:
     hcas: [{{device: mlx5_0, rate: NDR}}]
 nodes:
-  - {{name: "gpu[0001-{n:04d}]", address: "{_addr_range(n)}", profile: gpu8}}
+  - {{name: "gpu[00001-{n:05d}]", address: "{_addr_range(n)}", profile: gpu8}}
   - {{name: "sm[1-2]", address: "10.255.0.[2-3]", profile: svc, roles: [subnet_manager]}}
 switches:
-  - {{name: "leaf[0001-{pods * 8:04d}]", tier: leaf, ports: 64, uplinks: 32}}
+  - {{name: "leaf[00001-{pods * 8:05d}]", tier: leaf, ports: 64, uplinks: 32}}
   - {{name: svcleaf, tier: leaf, ports: 64, uplinks: 2}}
 fabric:
   rate: NDR
@@ -61,16 +61,14 @@ fabric:
 
 
 def _addr_range(n: int) -> str:
-    # 10.X.Y.Z in one hostlist: several /24s expanded in step with the names
-    blocks = []
-    left = n
-    third = 0
-    while left > 0:
-        take = min(200, left)
-        blocks.append(f"10.64.{third}.[11-{10 + take}]")
-        left -= take
-        third += 1
-    return ",".join(blocks)
+    """10.64.X.Y for n nodes, 200 per /24, as one short two-dimensional hostlist expanded in step with the names."""
+    full, rest = divmod(n, 200)
+    parts = []
+    if full:
+        parts.append(f"10.64.[0-{full - 1}].[11-210]" if full > 1 else "10.64.0.[11-210]")
+    if rest:
+        parts.append(f"10.64.{full}.[11-{10 + rest}]")
+    return ",".join(parts)
 
 
 def best_of(fn, runs: int = 3) -> float:  # type: ignore[no-untyped-def]
