@@ -16,7 +16,7 @@ from rich.console import Console
 
 from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
-from provisioner.spec import Diagnostic, load_cluster, load_spec
+from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
 
 EPILOG = """\b
 Examples:
@@ -448,6 +448,53 @@ def trust_host_cmd(
     raise typer.Exit(0 if all(r.status in ("trusted", "known") for r in results) else 2)
 
 
+@app.command("discover")
+def discover_cmd(
+    hosts: Annotated[str, typer.Argument(help="The nodes to read, hostlist syntax: gpu[001-128],sm[1-2].",
+                                         show_default=False)],
+    address: Annotated[str | None, typer.Option("--address", help="Their SSH addresses, a hostlist in step with "
+                                                "the hosts (default: the host itself or what it resolves to).")]
+    = None,
+    user: Annotated[str, typer.Option("--user", help="SSH login user (root or a sudoer).")] = "root",
+    known_hosts: Annotated[Path, typer.Option("--known-hosts", help="known_hosts with the nodes' verified keys; "
+                                              "a node whose key is not there is not read.")] = Path("known_hosts"),
+    key: Annotated[Path | None, typer.Option("--key", help="Private key file; the SSH agent if unset.")] = None,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="SSH port.")] = 22,
+    name: Annotated[str, typer.Option("--name", help="Cluster name for the draft.")] = "cluster",
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write the draft spec here; standard output when "
+                                                  "unset.", dir_okay=False)] = None,
+) -> None:
+    """Draft a spec from a running cluster: profiles from nvidia-smi and ibstat, nodes folded into hostlists, the
+    switches and the cabling from ibnetdiscover, installed versions as comments. What cannot be discovered is
+    marked TODO. The draft is validated.
+
+    Exit 0 the draft validates, 1 it has errors (written all the same), 2 could not run.
+    """
+    import re as _re
+
+    from provisioner.discover import discover, targets
+    from provisioner.errors import UsageError
+    from provisioner.remote import SshRemote
+
+    if not _re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):
+        raise UsageError(f"--name {name!r}: lowercase letters, digits and '-', at most 32")
+    chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts)
+    ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port}
+    with SshRemote(chosen) as remote:
+        draft = discover(remote, chosen, cluster_name=name, ssh=ssh,
+                         progress=lambda m: err.print(f"[discover] {m}", markup=False))
+    res = load_text(draft.text, str(out_file or "<draft>"))
+    _write_or_print(draft.text, out_file)
+    for line in draft.skipped:
+        err.print(f"not read: {line}", markup=False)
+    for line in draft.todo:
+        err.print(f"TODO: {line}", markup=False)
+    _print_diagnostics(res.diagnostics)
+    err.print(f"draft: {draft.nodes} node(s), {draft.switches} switch(es), {draft.cables} cable(s); "
+              f"{len(res.errors)} error(s), {len(res.warnings)} warning(s)", markup=False)
+    raise typer.Exit(1 if res.errors else 0)
+
+
 export_app = typer.Typer(help="Export the expected state for other tools.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
@@ -655,7 +702,7 @@ def _cluster_name(arg: str) -> str:
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export", "drift", "trust-host"}
+            "export", "drift", "trust-host", "discover"}
 
 
 def main(argv: list[str] | None = None) -> int:
