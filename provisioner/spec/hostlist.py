@@ -20,6 +20,7 @@ wrote and the list that gets paired must be the same.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 from collections.abc import Iterable
@@ -123,7 +124,13 @@ def expand(expr: str, *, ordered: bool = False) -> list[str]:
     """
     if not isinstance(expr, str) or not expr.strip():
         raise HostlistError("empty hostlist")
-    expr = expr.strip()
+    return list(_expand(expr.strip(), ordered))
+
+
+@functools.lru_cache(maxsize=4096)
+def _expand(expr: str, ordered: bool) -> tuple[str, ...]:
+    """expand(), remembered: a spec repeats its expressions (the same ports on every leaf, one node range per rail),
+    and ClusterShell takes about a millisecond for even a short one."""
     if not _ALLOWED.match(expr):
         raise HostlistError(f"{expr!r}: a hostlist holds names, digits, '.', '_', '-' and [ranges] separated by "
                             "commas (no spaces, set operators or @groups)")
@@ -134,7 +141,7 @@ def expand(expr: str, *, ordered: bool = False) -> list[str]:
     names: list[str] = list(_nodeset(expr))
     if ordered:
         _check_written_order(expr, names)
-    return names
+    return tuple(names)
 
 
 def compress(names: Iterable[str]) -> str:
