@@ -323,6 +323,13 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
             continue
         leaf = switch_by_name[cab.switch]
         ports_path = (*path, "ports")
+        keys = [(leaf.name, sport) for sport in cports]
+        if (all(n in node_by_name and cab.hca in devices_of[node_by_name[n].profile] for n in cnodes)
+                and max(cports) <= leaf.ports and used_ports.keys().isdisjoint(keys) and len(set(keys)) == len(keys)):
+            # the usual line: every cable fine, added at once (the loop below finds what is wrong with the others)
+            used_ports.update(dict.fromkeys(keys, ports_path))
+            cluster.cables.extend([CableX(n, cab.hca, leaf.name, p, path) for n, p in zip(cnodes, cports, strict=True)])
+            continue
         for nname, sport in zip(cnodes, cports, strict=True):
             if nname not in node_by_name:
                 rep.add((*path, "nodes"), "SPEC-UNDEFINED-NODE", f"node '{nname}' is not defined",
