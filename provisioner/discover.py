@@ -454,7 +454,7 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
     cuda, cuda_note = _uniform({k: _version_from(n.packages, "cuda-toolkit") for k, n in by_name.items()
                                 if n.gpus})
     nccl, nccl_note = _uniform({k: _version_from(n.packages, "libnccl2") for k, n in by_name.items() if n.gpus})
-    ofed_ver, ofed_note = _uniform({k: (f"{n.ofed['flavor']}-{n.ofed['version']}" if n.ofed else None)
+    ofed_ver, ofed_note = _uniform({k: (f"{n.ofed['flavor']} {n.ofed['version']}" if n.ofed else None)
                                     for k, n in by_name.items()})
     _, kernel_note = _uniform({k: n.kernel for k, n in by_name.items()})
 
@@ -530,14 +530,16 @@ def _pin(fmt: str, value: str | None, placeholder: str, note: str, todo: list[st
 def _ofed_lines(value: str | None, note: str, todo: list[str]) -> list[str]:
     if not value:
         return [f"  ofed: {{flavor: inbox}}  # ofed_info: {note}"]
-    flavor, _, version = value.partition("-")
+    flavor, _, version = value.partition(" ")  # "<flavor as ofed_info prints it> <version>"
     if flavor == "MLNX_OFED_LINUX":
         return [f'  ofed: {{flavor: mlnx_ofed, version: "{version}"}}  # ofed_info -s: {note}']
-    doca = next((d for d, o in DOCA_OFED.items() if o.startswith(version) or version.startswith(o)), None)
-    if doca:
+    doca = next((d for d, o in DOCA_OFED.items()
+                 if o == version or o.startswith(version + ".") or version.startswith(o + ".")), None)
+    if doca and flavor == "OFED-internal":
         return [f'  ofed: {{flavor: doca, version: "{doca}"}}  # ofed_info -s: {note}']
-    todo.append(f"software.ofed: {value} is installed but its DOCA release is not in the table")
-    return [f"  ofed: {{flavor: inbox}}  # TODO ofed_info -s: {note}; set flavor doca and its release"]
+    todo.append(f"software.ofed: {flavor} {version} is installed, but which DOCA release ships it is not in "
+                "spec/compat.DOCA_OFED")
+    return [f"  ofed: {{flavor: inbox}}  # TODO ofed_info -s: {note}; set the flavor and release it came from"]
 
 
 def _sm_nodes(live: Sequence[NodeFacts]) -> dict[str, int]:

@@ -75,7 +75,7 @@ class LabRemote:
                    ("nvidia-smi", *self._tool(host, "nvidia-smi", f"--query-gpu={fields}",
                                               "--format=csv,noheader,nounits")),
                    ("topo", *self._tool(host, "nvidia-smi", "topo", "-m")),
-                   ("ibstat", 0, _ibstat(node)), ("ofed", 127, "sh: 1: ofed_info: not found\n"),
+                   ("ibstat", 0, _ibstat(node)), ("ofed", *self._tool(host, "ofed_info", "-s")),
                    ("sminfo", 127, "sh: 1: sminfo: not found\n"),
                    ("packages", 0, "libnccl2\t2.21.5-1+cuda12.4\tinstall ok installed\n"
                                    "cuda-toolkit-12-4\t12.4.1-1\tinstall ok installed\n")]
@@ -103,6 +103,8 @@ def lab(tmp_path: Path) -> tuple[Path, Cluster]:
     lib = tmp_path / "sys/usr/lib/provisioner-lab"
     lib.mkdir(parents=True)
     (lib / "nvidia-driver.version").write_text(json.dumps({"version": "550.90.07", "cuda": "12.4", "flavor": "open"}))
+    # DOCA-OFED 2.9.1 as the stand-in package installs it (ofed_info -s: OFED-internal-24.10-1.1.4.0)
+    (lib / "ofed.version").write_text(json.dumps({"kind": "doca", "version": "24.10-1.1.4.0", "packages": {}}))
     return tmp_path, cluster
 
 
@@ -138,7 +140,23 @@ def test_draft_of_the_lab_validates_and_equals_its_spec(lab: tuple[Path, Cluster
     assert 'cabling:\n      - {nodes: "gpu[01-03]", hca: mlx5_0, switch: leaf1, ports: "1-3"}' in text
     assert '{name: "leaf[1-2]", tier: leaf, ports: 64, uplinks: 8}' in text
     assert 'driver: {version: "550.90.07"}  # installed: driver: 550.90.07 on gpu[01-03]' in text
+    assert 'ofed: {flavor: doca, version: "2.9.1"}  # ofed_info -s: OFED-internal 24.10-1.1.4.0 on' in text
     assert "# TODO no SM answered sminfo" in text and "TODO repositories" in text
+
+
+@pytest.mark.parametrize(("fixture", "line"), [
+    ("daocloud_mlnx_23_07.txt", 'ofed: {flavor: mlnx_ofed, version: "23.07-0.5.1.2"}'),
+    ("openshift_docs_doca_24_07.txt", "ofed: {flavor: inbox}  # TODO"),  # DOCA 24.07's release: not in the table
+])
+def test_ofed_from_real_ofed_info_output(fixture: str, line: str) -> None:
+    from provisioner.discover import _ofed_lines
+    from provisioner.parsers import parse
+
+    info = parse("ofed_info", (FIXTURES / "ofed_info" / fixture).read_text())
+    todo: list[str] = []
+    out = _ofed_lines(f"{info['flavor']} {info['version']}", "x", todo)
+    assert out[0].strip().startswith(line), out
+    assert bool(todo) == ("TODO" in line)
 
 
 def test_an_unreachable_node_is_left_out_and_named(lab: tuple[Path, Cluster]) -> None:
