@@ -332,7 +332,13 @@ def _profile_yaml(name: str, kind: _Kind, fabric_rate: float) -> list[str]:
             parts.append("link_layer: ethernet")
         if len(group) == 1 and gpu is not None and gpu != (i if i < kind.gpu_count else None):
             parts.append(f"gpu: {gpu}")
+        storage = (len(group) == 1 and gpu is None and i >= kind.gpu_count > 0
+                   and any(h[4] is not None for h in hcas))
+        if storage:
+            parts.append("purpose: storage")
         entries.append("{" + ", ".join(p for p in parts if p) + "}")
+        if storage:
+            entries[-1] += "  # next to no GPU (topo -m) on a GPU node: taken for a storage port, check it"
         if rate is None:
             entries[-1] += "  # port down at discovery: rate not read"
         i = j

@@ -202,3 +202,19 @@ def test_nvidia_smi_query_from_the_lab_tool(lab: tuple[Path, Cluster]) -> None:
     gpus = parse_nvidia_smi_query(out)["gpus"]
     assert [(g["index"], g["name"], g["driver_version"], g["memory_mib"]) for g in gpus] == [
         (0, "NVIDIA H100 80GB HBM3", "550.90.07", 81559), (1, "NVIDIA H100 80GB HBM3", "550.90.07", 81559)]
+
+
+def test_profile_folds_rails_and_marks_a_port_next_to_no_gpu() -> None:
+    from provisioner.discover import _Kind, _profile_yaml
+
+    kind = _Kind("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 2, True,
+                 (("mlx5_0", 1, 400.0, "infiniband", 0), ("mlx5_1", 1, 400.0, "infiniband", 1),
+                  ("mlx5_2", 1, 200.0, "infiniband", None)))
+    lines = _profile_yaml("h100x2", kind, 400.0)
+    assert '      - {device: "mlx5_[0-1]"}' in lines
+    storage = "      - {device: mlx5_2, rate: 200, purpose: storage}  # next to no GPU"  # 200: HDR or NDR200
+    assert any(line.startswith(storage) for line in lines), lines
+    crossed = _Kind(kind.gpu_key, kind.gpu_name, 2, True,
+                    (("mlx5_0", 1, 400.0, "infiniband", 1), ("mlx5_1", 1, 400.0, "infiniband", 0)))
+    assert _profile_yaml("h", crossed, 400.0)[-2:] == ["      - {device: mlx5_0, gpu: 1}",
+                                                        "      - {device: mlx5_1, gpu: 0}"]
