@@ -138,8 +138,8 @@ def read_node(host: str, address: str, done: Completed) -> NodeFacts:
         facts.os, facts.os_pretty = _os_release(text)
     rc, text = sections.get("kernel", (1, ""))
     facts.kernel = (text.strip() or None) if rc == 0 else None
-    _read_gpus(facts, sections)
-    _read_hcas(facts, sections)
+    topo = _read_gpus(facts, sections)
+    _read_hcas(facts, sections, topo)
     rc, text = sections.get("ofed", (1, ""))
     if rc == 0:
         try:
@@ -161,29 +161,31 @@ def read_node(host: str, address: str, done: Completed) -> NodeFacts:
     return facts
 
 
-def _read_gpus(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> None:
+def _read_gpus(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> dict[str, Any] | None:
+    """GPUs from nvidia-smi --query-gpu; returns the parsed topo -m (None when not read) for the HCAs."""
     rc, text = sections.get("nvidia-smi", (127, ""))
     if rc != 0:
         facts.gpu_note = f"nvidia-smi: {_short(text) or f'exit {rc}'}"
-        return
+        return None
     try:
         facts.gpus = parse_nvidia_smi_query(text)["gpus"]
     except ParseError as exc:
         facts.gpu_note = str(exc)
-        return
+        return None
     rc, text = sections.get("topo", (1, ""))
-    if rc == 0 and len(facts.gpus) > 1:
-        try:
-            topo = parse("nvidia-smi-topo", text)
-        except ParseError:
-            return
-        gpus = topo["gpus"]
-        matrix = topo["matrix"]
-        facts.nvlink_all = all(str(matrix.get(a, {}).get(b, "")).startswith("NV") for a in gpus for b in gpus if a != b)
-        facts.__dict__["_topo"] = topo
+    if rc != 0 or len(facts.gpus) < 1:
+        return None
+    try:
+        topo = parse("nvidia-smi-topo", text)
+    except ParseError:
+        return None
+    gpus, matrix = topo["gpus"], topo["matrix"]
+    facts.nvlink_all = len(gpus) > 1 and all(
+        str(matrix.get(a, {}).get(b, "")).startswith("NV") for a in gpus for b in gpus if a != b)
+    return topo
 
 
-def _read_hcas(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> None:
+def _read_hcas(facts: NodeFacts, sections: Mapping[str, tuple[int, str]], topo: dict[str, Any] | None) -> None:
     rc, text = sections.get("ibstat", (127, ""))
     if rc != 0:
         facts.hca_note = f"ibstat: {_short(text) or f'exit {rc}'}"
@@ -193,7 +195,6 @@ def _read_hcas(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> Non
     except ParseError as exc:
         facts.hca_note = str(exc)
         return
-    topo: dict[str, Any] | None = facts.__dict__.pop("_topo", None)
     serves: dict[str, int] = {}
     if topo:
         names = topo.get("nic_names", {})
