@@ -1,4 +1,4 @@
-"""Validate and render a 4,096-node spec: how long does it take?
+"""Validate and render specs up to 16,384 nodes (a 131,072-GPU cluster): how long does it take?
 
 Builds a spec of N nodes (8 x H100, 8 NDR rails each, rail-optimised leaves with 1:1 uplinks, two SMs) as YAML
 text, then times load (YAML + schema + expansion + rules) and render (inventory files in memory), best of a few
@@ -9,13 +9,16 @@ runs. Prints a table; no assertion: machines are shared and noisy.
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
 from provisioner.render import render_files, render_inventory
+from provisioner.render.model import _group_name as group_name_cache
 from provisioner.spec import load_text
+from provisioner.spec.hostlist import _expand as hostlist_cache
 
 
 def make_spec(n: int) -> str:
@@ -24,7 +27,7 @@ def make_spec(n: int) -> str:
     for pod in range(pods):
         lo, hi = pod * 32 + 1, min(n, pod * 32 + 32)
         for r in range(8):
-            cab.append(f'      - {{nodes: "gpu[{lo:04d}-{hi:04d}]", hca: mlx5_{r}, switch: leaf{pod * 8 + r + 1:04d}, '
+            cab.append(f'      - {{nodes: "gpu[{lo:05d}-{hi:05d}]", hca: mlx5_{r}, switch: leaf{pod * 8 + r + 1:05d}, '
                        f"ports: 1-{hi - lo + 1}}}")
     return f"""cluster: {{name: big, os: ubuntu-22.04}}
 software:
@@ -42,10 +45,10 @@ profiles:
   svc:
     hcas: [{{device: mlx5_0, rate: NDR}}]
 nodes:
-  - {{name: "gpu[0001-{n:04d}]", address: "{_addr_range(n)}", profile: gpu8}}
+  - {{name: "gpu[00001-{n:05d}]", address: "{_addr_range(n)}", profile: gpu8}}
   - {{name: "sm[1-2]", address: "10.255.0.[2-3]", profile: svc, roles: [subnet_manager]}}
 switches:
-  - {{name: "leaf[0001-{pods * 8:04d}]", tier: leaf, ports: 64, uplinks: 32}}
+  - {{name: "leaf[00001-{pods * 8:05d}]", tier: leaf, ports: 64, uplinks: 32}}
   - {{name: svcleaf, tier: leaf, ports: 64, uplinks: 2}}
 fabric:
   rate: NDR
@@ -61,29 +64,38 @@ fabric:
 
 
 def _addr_range(n: int) -> str:
-    # 10.X.Y.Z in one hostlist: several /24s expanded in step with the names
-    blocks = []
-    left = n
-    third = 0
-    while left > 0:
-        take = min(200, left)
-        blocks.append(f"10.64.{third}.[11-{10 + take}]")
-        left -= take
-        third += 1
-    return ",".join(blocks)
+    """A /24 per rack of 32 nodes (10.64.R.11-42, racks running on into 10.65...), as one hostlist item when n is a
+    whole number of /16s or fits one: ClusterShell merges several multi-dimensional items slowly (see
+    docs/notes/scale.md)."""
+    racks, rest = divmod(n, 32)
+    items = []
+    full16, left = divmod(racks, 256)
+    if full16:
+        items.append(f"10.[64-{63 + full16}].[0-255].[11-42]" if full16 > 1 else "10.64.[0-255].[11-42]")
+    if left:
+        items.append(f"10.{64 + full16}.[0-{left - 1}].[11-42]" if left > 1 else f"10.{64 + full16}.0.[11-42]")
+    if rest:
+        items.append(f"10.{64 + (racks // 256)}.{racks % 256}.[11-{10 + rest}]")
+    return ",".join(items)
 
 
-def best_of(fn, runs: int = 3) -> float:  # type: ignore[no-untyped-def]
-    times = []
+def best_of(fn, runs: int = 3) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """The best wall-clock and the best CPU seconds of a few runs (CPU time is what a shared, loaded machine
+    distorts least)."""
+    walls, cpus = [], []
     for _ in range(runs):
-        t0 = time.perf_counter()
+        hostlist_cache.cache_clear()  # each run as a fresh `provision validate` process would see it
+        group_name_cache.cache_clear()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        times.append(time.perf_counter() - t0)
-    return min(times)
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    return min(walls), min(cpus)
 
 
 def main(sizes: list[int]) -> None:
-    print(f"{'nodes':>6} {'spec lines':>10} {'validate s':>10} {'render s':>9} {'files':>6} {'total s':>8} "
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs; seconds, best of 3 (wall / CPU)")
+    print(f"{'nodes':>6} {'spec lines':>10} {'validate':>13} {'render':>13} {'files':>6} {'total':>13} "
           f"{'write s':>8} {'rewrite s':>9}")
     for n in sizes:
         text = make_spec(n)
@@ -91,13 +103,13 @@ def main(sizes: list[int]) -> None:
         assert not res.errors, [d.format() for d in res.errors[:3]]
         cluster = res.cluster
         assert cluster is not None and len(cluster.nodes) == n + 2
-        t_val = best_of(lambda: load_text(text, "big.yaml"))  # noqa: B023
+        v_wall, v_cpu = best_of(lambda: load_text(text, "big.yaml"))  # noqa: B023
         files: dict[str, str] = {}
 
         def rend() -> None:
             files.update(render_files(cluster))  # noqa: B023
 
-        t_ren = best_of(rend)
+        r_wall, r_cpu = best_of(rend)
         with tempfile.TemporaryDirectory() as tmp:
             t0 = time.perf_counter()
             render_inventory(cluster, Path(tmp))
@@ -106,9 +118,9 @@ def main(sizes: list[int]) -> None:
             again = render_inventory(cluster, Path(tmp))
             t_rewrite = time.perf_counter() - t0
             assert again.written == []
-        print(f"{n:>6} {text.count(chr(10)):>10} {t_val:>10.2f} {t_ren:>9.2f} {len(files):>6} {t_val + t_ren:>8.2f} "
-              f"{t_write:>8.2f} {t_rewrite:>9.2f}")
+        print(f"{n:>6} {text.count(chr(10)):>10} {v_wall:>6.2f}/{v_cpu:<6.2f} {r_wall:>6.2f}/{r_cpu:<6.2f} "
+              f"{len(files):>6} {v_wall + r_wall:>6.2f}/{v_cpu + r_cpu:<6.2f} {t_write:>8.2f} {t_rewrite:>9.2f}")
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [64, 512, 1024, 4096])
+    main([int(a) for a in sys.argv[1:]] or [64, 512, 1024, 4096, 16384])

@@ -16,7 +16,7 @@ from rich.console import Console
 
 from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
-from provisioner.spec import Diagnostic, load_cluster, load_spec
+from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
 
 EPILOG = """\b
 Examples:
@@ -449,6 +449,53 @@ def trust_host_cmd(
     raise typer.Exit(0 if all(r.status in ("trusted", "known") for r in results) else 2)
 
 
+@app.command("discover")
+def discover_cmd(
+    hosts: Annotated[str, typer.Argument(help="The nodes to read, hostlist syntax: gpu[001-128],sm[1-2].",
+                                         show_default=False)],
+    address: Annotated[str | None, typer.Option("--address", help="Their SSH addresses, a hostlist in step with "
+                                                "the hosts (default: the host itself or what it resolves to).")]
+    = None,
+    user: Annotated[str, typer.Option("--user", help="SSH login user (root or a sudoer).")] = "root",
+    known_hosts: Annotated[Path, typer.Option("--known-hosts", help="known_hosts with the nodes' verified keys; "
+                                              "a node whose key is not there is not read.")] = Path("known_hosts"),
+    key: Annotated[Path | None, typer.Option("--key", help="Private key file; the SSH agent if unset.")] = None,
+    port: Annotated[int, typer.Option("--port", min=1, max=65535, help="SSH port.")] = 22,
+    name: Annotated[str, typer.Option("--name", help="Cluster name for the draft.")] = "cluster",
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write the draft spec here; standard output when "
+                                                  "unset.", dir_okay=False)] = None,
+) -> None:
+    """Draft a spec from a running cluster: profiles from nvidia-smi and ibstat, nodes folded into hostlists, the
+    switches and the cabling from ibnetdiscover, installed versions as comments. What cannot be discovered is
+    marked TODO. The draft is validated.
+
+    Exit 0 the draft validates, 1 it has errors (written all the same), 2 could not run.
+    """
+    import re as _re
+
+    from provisioner.discover import discover, targets
+    from provisioner.errors import UsageError
+    from provisioner.remote import SshRemote
+
+    if not _re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):
+        raise UsageError(f"--name {name!r}: lowercase letters, digits and '-', at most 32")
+    chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts)
+    ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port}
+    with SshRemote(chosen) as remote:
+        draft = discover(remote, chosen, cluster_name=name, ssh=ssh,
+                         progress=lambda m: err.print(f"[discover] {m}", markup=False))
+    res = load_text(draft.text, str(out_file or "<draft>"))
+    _write_or_print(draft.text, out_file)
+    for line in draft.skipped:
+        err.print(f"not read: {line}", markup=False)
+    for line in draft.todo:
+        err.print(f"TODO: {line}", markup=False)
+    _print_diagnostics(res.diagnostics)
+    err.print(f"draft: {draft.nodes} node(s), {draft.switches} switch(es), {draft.cables} cable(s); "
+              f"{len(res.errors)} error(s), {len(res.warnings)} warning(s)", markup=False)
+    raise typer.Exit(1 if res.errors else 0)
+
+
 export_app = typer.Typer(help="Export the expected state for other tools.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
@@ -457,21 +504,51 @@ app.add_typer(export_app, name="export")
 def export_nhc_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="Directory for one <node>.conf each; standard "
-                                                 "output when unset.")] = None,
+    out_file: Annotated[Path | None, typer.Option("--out", help="Write nhc.conf here; standard output when unset.",
+                                                  dir_okay=False)] = None,
 ) -> None:
-    """LBNL NHC checks per node from the spec (HCA rates, mounts, GPUs, the SM), for the site's health checks."""
-    from provisioner.verify import export_nhc
+    """One LBNL NHC nhc.conf from the spec (HCA rates, mounts, GPUs, the SM daemon), each check once for the
+    nodes that share it, behind an NHC node range ({gpu[01-64]}). Nothing in it starts or restarts a service."""
+    from provisioner.fabric.nhc import export_nhc
 
     cluster, _ = load_cluster(spec, overlay)
-    confs = export_nhc(cluster)
-    if out_dir is None:
-        out.print("".join(confs.values()), markup=False, end="")
+    _write_or_print(export_nhc(cluster), out_file)
+
+
+@export_app.command("slurm")
+def export_slurm_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="Write topology.conf and gres.conf into this "
+                                                 "directory; standard output when unset.", file_okay=False)] = None,
+    autodetect: Annotated[bool, typer.Option("--autodetect", help="gres.conf says AutoDetect=nvml instead of "
+                                             "listing /dev/nvidia* per node.")] = False,
+) -> None:
+    """Slurm's topology.conf (topology/tree: the leaves with their nodes, the switches above them) and gres.conf
+    (the GPUs per node) from the spec."""
+    from provisioner.export.slurm import export_gres, export_topology
+
+    cluster, _ = load_cluster(spec, overlay)
+    files = {"topology.conf": export_topology(cluster), "gres.conf": export_gres(cluster, autodetect=autodetect)}
+    for name, text in files.items():
+        if out_dir is None:
+            out.print(f"# ==> {name} <==\n{text}", markup=False)
+        else:
+            _write_or_print(text, out_dir / name)
+
+
+def _write_or_print(text: str, path: Path | None) -> None:
+    if path is None:
+        out.print(text, markup=False, end="")
         return
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for node, text in confs.items():
-        (out_dir / f"{node}.conf").write_text(text, encoding="utf-8")
-    err.print(f"wrote {len(confs)} file(s) under {out_dir}", markup=False)
+    from provisioner.errors import UsageError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"{path}: cannot write ({exc.strerror or exc})") from None
+    err.print(f"wrote {path}", markup=False)
 
 
 @app.command("switches")
@@ -637,7 +714,7 @@ def _cluster_name(arg: str) -> str:
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export", "drift", "trust-host"}
+            "export", "drift", "trust-host", "discover"}
 
 
 def main(argv: list[str] | None = None) -> int:

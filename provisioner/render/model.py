@@ -7,6 +7,7 @@ Role variables are named after the role that reads them (nvidia_driver_version, 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ class Inventory:
     groupvars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
+@functools.lru_cache(maxsize=65536)
 def _group_name(raw: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in raw)
 

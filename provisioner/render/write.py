@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import difflib
+import json
 import os
+import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -12,6 +14,7 @@ from typing import Any
 import jinja2
 import yaml
 
+from provisioner.gcpause import without_gc
 from provisioner.render.model import Inventory, build_inventory
 from provisioner.spec.cluster import Cluster
 
@@ -25,6 +28,10 @@ _ENV = jinja2.Environment(
 # libyaml's emitter when present (a 4,096-node render is dominated by YAML emission), else PyYAML's own;
 # both give the same text for the plain data rendered here.
 _Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
+_PLAIN_IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
+"""A dotted quad, which YAML writes plain (no resolver reads it as a number), as the golden files show."""
 
 
 def _plain(data: Any) -> Any:
@@ -42,6 +49,7 @@ def _dump(header: str, data: dict[str, Any]) -> str:
     return f"---\n# {header}\n{body}"
 
 
+@without_gc
 def render_files(cluster: Cluster, inv: Inventory | None = None) -> dict[str, str]:
     """Every file of the rendered inventory, keyed by path relative to the output directory."""
     inv = inv or build_inventory(cluster)
@@ -52,8 +60,23 @@ def render_files(cluster: Cluster, inv: Inventory | None = None) -> dict[str, st
     header = f"Rendered by provisioner from {spec_name} — do not edit"
     for group, gv in sorted(inv.groupvars.items()):
         files[f"group_vars/{group}.yml"] = _dump(header, gv)
+    # Nodes of one profile mostly share their host vars but for the address: each distinct rest is dumped once.
+    # Top-level keys of a block mapping are independent lines, so the address line plus the rest is byte for byte
+    # what dumping the whole mapping gives (ansible_host sorts first; the golden files prove it).
+    rests: dict[str, str] = {}
     for host, hv in sorted(inv.hostvars.items()):
-        files[f"host_vars/{host}.yml"] = _dump(header, hv)
+        rest = {k: v for k, v in hv.items() if k != "ansible_host"}
+        if "ansible_host" not in hv or not rest or min(hv) != "ansible_host":
+            files[f"host_vars/{host}.yml"] = _dump(header, hv)
+            continue
+        key = json.dumps(rest, sort_keys=True, default=str)
+        if key not in rests:
+            rests[key] = _dump(header, rest)
+        address = (f"ansible_host: {hv['ansible_host']}\n" if _PLAIN_IPV4.fullmatch(str(hv["ansible_host"])) else
+                   yaml.dump({"ansible_host": hv["ansible_host"]}, Dumper=_Dumper, default_flow_style=False,
+                             allow_unicode=True, width=120))
+        head, _, body = rests[key].partition(f"# {header}\n")
+        files[f"host_vars/{host}.yml"] = f"{head}# {header}\n{address}{body}"
     return files
 
 

@@ -19,6 +19,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from provisioner.errors import SpecInvalid, UsageError
+from provisioner.gcpause import without_gc
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.cluster import CableX, Cluster, Node, Port, SwitchX
@@ -155,7 +156,7 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
         for hi, hca in enumerate(prof.hcas):
             path: Path = ("profiles", pname, "hcas", hi)
             try:
-                devices = hostlist.expand(hca.device)
+                devices = hostlist.expand(hca.device, ordered=True)
             except hostlist.HostlistError as exc:
                 rep.add((*path, "device"), "SPEC-HOSTLIST", str(exc), "write e.g. mlx5_[0-7]")
                 continue
@@ -205,12 +206,12 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
     for gi, group in enumerate(spec.nodes):
         path = ("nodes", gi)
         try:
-            names = hostlist.expand(group.name)
+            names = hostlist.expand(group.name, ordered=True)
         except hostlist.HostlistError as exc:
             rep.add((*path, "name"), "SPEC-HOSTLIST", str(exc), "write e.g. gpu[001-128]")
             continue
         try:
-            addrs = hostlist.expand(group.address)
+            addrs = hostlist.expand(group.address, ordered=True)
         except hostlist.HostlistError as exc:
             rep.add((*path, "address"), "SPEC-HOSTLIST", str(exc), "write e.g. 10.0.0.[11-138]")
             continue
@@ -228,6 +229,8 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
             rep.add((*path, "guids"), "SPEC-GUIDS-RANGE", "guids can only be given for a single node",
                     "split the node out of the range")
         prof = spec.profiles[group.profile]
+        roles, node_ports = tuple(group.roles), tuple(profiles_ports[group.profile])
+        profile_devices = {p.device for p in node_ports}
         for name, addr in zip(names, addrs, strict=True):
             bad_name = not _valid_hostname(name)
             if bad_name:
@@ -253,12 +256,12 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                     rep.add((*path, "guids", dev), "SPEC-DUP-GUID", f"GUID {guid} is given twice",
                             f"first at line {_line(rep, guids_seen[guid])}")
                 guids_seen[guid] = (*path, "guids", dev)
-                if dev not in {p.device for p in profiles_ports[group.profile]}:
+                if dev not in profile_devices:
                     rep.add((*path, "guids", dev), "SPEC-UNDEFINED-DEVICE",
                             f"{dev} is not a device of profile '{group.profile}'", "use a device the profile lists")
             cluster.nodes.append(Node(
-                name=name, address=addr, profile=group.profile, roles=tuple(group.roles),
-                ports=tuple(profiles_ports[group.profile]),
+                name=name, address=addr, profile=group.profile, roles=roles,
+                ports=node_ports,
                 gpu_model=prof.gpu.model if prof.gpu else None, gpu_count=prof.gpu.count if prof.gpu else 0,
                 nvswitch=bool(prof.gpu and prof.gpu.nvswitch), guids=guids, path=path))
 
@@ -266,8 +269,9 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
     for si, sw in enumerate(spec.switches):
         path = ("switches", si)
         try:
-            names = hostlist.expand(sw.name)
-            sw_addrs: list[str | None] = list(hostlist.expand(sw.address)) if sw.address else [None] * len(names)
+            names = hostlist.expand(sw.name, ordered=True)
+            sw_addrs: list[str | None] = (list(hostlist.expand(sw.address, ordered=True)) if sw.address
+                                          else [None] * len(names))
         except hostlist.HostlistError as exc:
             rep.add(path, "SPEC-HOSTLIST", str(exc), "write e.g. leaf[01-04]")
             continue
@@ -297,14 +301,15 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                 device_type=sw.device_type, embedded_sm=sw.embedded_sm, path=path))
 
     node_by_name = {n.name: n for n in cluster.nodes}
+    devices_of = {pname: {p.device for p in ports} for pname, ports in profiles_ports.items()}
     switch_by_name = {s.name: s for s in cluster.switches}
     used_ports: dict[tuple[str, int], Path] = {}
     for ci, cab in enumerate(spec.fabric.topology.cabling):
         path = ("fabric", "topology", "cabling", ci)
         try:
-            cnodes = hostlist.expand(cab.nodes)
+            cnodes = hostlist.expand(cab.nodes, ordered=True)
             body = cab.ports if cab.ports.startswith("[") else f"[{cab.ports}]"
-            cports = [int(p) for p in hostlist.expand(body)]
+            cports = [int(p) for p in hostlist.expand(body, ordered=True)]
         except (hostlist.HostlistError, ValueError) as exc:
             rep.add(path, "SPEC-HOSTLIST", str(exc), "write nodes: gpu[01-16], ports: 1-16")
             continue
@@ -318,12 +323,20 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                     f"did you mean '{close[0]}'?" if close else "define it under switches:")
             continue
         leaf = switch_by_name[cab.switch]
+        ports_path = (*path, "ports")
+        keys = [(leaf.name, sport) for sport in cports]
+        if (all(n in node_by_name and cab.hca in devices_of[node_by_name[n].profile] for n in cnodes)
+                and max(cports) <= leaf.ports and used_ports.keys().isdisjoint(keys) and len(set(keys)) == len(keys)):
+            # the usual line: every cable fine, added at once (the loop below finds what is wrong with the others)
+            used_ports.update(dict.fromkeys(keys, ports_path))
+            cluster.cables.extend([CableX(n, cab.hca, leaf.name, p, path) for n, p in zip(cnodes, cports, strict=True)])
+            continue
         for nname, sport in zip(cnodes, cports, strict=True):
             if nname not in node_by_name:
                 rep.add((*path, "nodes"), "SPEC-UNDEFINED-NODE", f"node '{nname}' is not defined",
                         "cable only nodes listed under nodes:")
                 continue
-            if cab.hca not in {p.device for p in node_by_name[nname].ports}:
+            if cab.hca not in devices_of[node_by_name[nname].profile]:
                 rep.add((*path, "hca"), "SPEC-UNDEFINED-DEVICE",
                         f"{nname} has no device {cab.hca} in its profile", "use a device of the profile")
                 continue
@@ -331,11 +344,12 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
                 rep.add((*path, "ports"), "SPEC-SWITCH-PORT", f"{leaf.name} has {leaf.ports} ports, not {sport}",
                         "check the port numbers")
                 continue
-            if (leaf.name, sport) in used_ports:
-                rep.add((*path, "ports"), "SPEC-DUP-CABLE", f"{leaf.name} port {sport} is cabled twice",
-                        f"first at line {_line(rep, used_ports[(leaf.name, sport)])}")
+            key = (leaf.name, sport)
+            if key in used_ports:
+                rep.add(ports_path, "SPEC-DUP-CABLE", f"{leaf.name} port {sport} is cabled twice",
+                        f"first at line {_line(rep, used_ports[key])}")
                 continue
-            used_ports[(leaf.name, sport)] = (*path, "ports")
+            used_ports[key] = ports_path
             cluster.cables.append(CableX(nname, cab.hca, leaf.name, sport, path))
     from provisioner.spec.ipoib import expand_ipoib
 
@@ -374,13 +388,17 @@ def _line(rep: _Report, path: Path) -> int:
     return rep.located.mark(path).line if rep.located else 0
 
 
+_HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+_IPV4 = re.compile(r"(\d{1,3})\.(\d{1,3})\.(\d{1,3})\.(\d{1,3})")
+
+
 def _valid_hostname(name: str) -> bool:
-    return re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", name) is not None
+    return _HOSTNAME.fullmatch(name) is not None
 
 
 def _valid_ipv4(addr: str) -> bool:
-    parts = addr.split(".")
-    return len(parts) == 4 and all(p.isdigit() and len(p) <= 3 and int(p) <= 255 for p in parts)
+    m = _IPV4.fullmatch(addr)
+    return m is not None and all(len(p) < 3 or p <= "255" for p in m.groups())
 
 
 # --- overlay ---------------------------------------------------------------------------------------------------
@@ -409,6 +427,7 @@ def read_spec_text(path: str | FsPath) -> str:
         raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", hint="save the spec as UTF-8") from None
 
 
+@without_gc
 def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> LoadResult:
     """Validate spec `text` (named `file` in diagnostics); never raises for bad content."""
     located, problems = load_yaml(text, file)

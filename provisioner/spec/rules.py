@@ -15,7 +15,7 @@ from typing import Protocol
 
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS
-from provisioner.spec.cluster import Cluster
+from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.diagnostics import Severity
 from provisioner.spec.yamlload import Path
 
@@ -104,7 +104,10 @@ def _pcie_nvswitch(c: Cluster, rep: Reporter, r: Rule) -> None:
       "per-rail bandwidth checks ambiguous.")
 def _mixed_rate(c: Cluster, rep: Reporter, r: Rule) -> None:
     rates: dict[int, dict[float, str]] = defaultdict(dict)
+    first: dict[str, Node] = {}
     for n in c.nodes:
+        first.setdefault(n.profile, n)
+    for n in first.values():  # a profile's first node stands for all of its nodes: they share its ports
         for p in n.rail_ports:
             if p.rail is not None:
                 rates[p.rail].setdefault(p.rate_gbps, n.profile)
@@ -155,9 +158,11 @@ def _oversub(c: Cluster, rep: Reporter, r: Rule) -> None:
     if c.spec.fabric.topology.kind not in ("fat_tree", "rail_optimized"):
         return
     down: dict[str, float] = defaultdict(float)
-    rate_of = {(n.name, p.device): p.rate_gbps for n in c.nodes for p in n.ports}
+    profile_of = {n.name: n.profile for n in c.nodes}
+    one_per_profile = {n.profile: n for n in c.nodes}.values()  # every node of a profile has its ports
+    rate_of = {(n.profile, p.device): p.rate_gbps for n in one_per_profile for p in n.ports}
     for cab in c.cables:
-        down[cab.switch] += rate_of.get((cab.node, cab.device), c.fabric_rate_gbps)
+        down[cab.switch] += rate_of.get((profile_of.get(cab.node, ""), cab.device), c.fabric_rate_gbps)
     for sw in c.switches:
         if sw.tier != "leaf" or sw.name not in down:
             continue

@@ -99,8 +99,8 @@ def test_failed_host_is_set_aside_and_others_continue(tmp_path: Path, playbooks:
     rec = j.phase("gpu_stack")
     assert rec.status == "partial" and "gpu03" in rec.failed and "gpu03" not in rec.ok
     assert j.hosts["gpu03"].completed == ["validate", "render", "preflight", "repos"]
-    assert retry_command(j) == "provision cluster.yaml --resume --limit gpu03,gpu07 --max-fail 20"
-    assert any("retry them: provision cluster.yaml --resume --limit gpu03,gpu07" in line
+    assert retry_command(j) == "provision cluster.yaml --resume --limit 'gpu[03,07]' --max-fail 20"
+    assert any("retry them: provision cluster.yaml --resume --limit 'gpu[03,07]'" in line
                for line in summary_lines(j))
 
 

@@ -326,7 +326,7 @@ def test_only_the_hosts_that_share_a_cause_are_folded() -> None:
                         '  - {name: "x[7-8]", address: "10.0.0.[7-8]", profile: odd}\n')
     text = text.replace("  topology: {kind: single_switch}\n",
                         "  topology:\n    kind: single_switch\n    cabling:\n"
-                        '      - {nodes: "x[7-8],gpu01", hca: mlx5_0, switch: leaf1, ports: 1-3}\n')
+                        '      - {nodes: "gpu01,x[7-8]", hca: mlx5_0, switch: leaf1, ports: 1-3}\n')
     res = load_text(text, "c.yaml")
     undefined = [d.message for d in res.diagnostics if d.rule == "SPEC-UNDEFINED-DEVICE"]
     assert undefined == ["x[7-8] has no device mlx5_0 in its profile"], undefined

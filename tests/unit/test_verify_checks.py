@@ -11,7 +11,6 @@ import pytest
 
 from provisioner.fabric import baseline, cabling, gpudirect, links, nccl, versions
 from provisioner.fabric.bandwidth import check_bandwidth, line_rates, rail_groups
-from provisioner.fabric.nhc import export_nhc
 from provisioner.fabric.perftest import PairRun, PerftestSettings, perftest_argv, read_result
 from provisioner.parsers import parse
 from provisioner.remote import Completed
@@ -481,16 +480,6 @@ def test_baseline_drop_and_median_warnings(tmp_path: Path) -> None:
 def test_baseline_not_stored_for_a_failing_run(tmp_path: Path) -> None:
     assert not baseline.store_if_first(tmp_path / "b.json", {}, passed=False)
     assert not (tmp_path / "b.json").exists()
-
-
-def test_nhc_export() -> None:
-    conf = export_nhc(cluster_from(IB))
-    assert "gpu01 || check_hw_ib 400 mlx5_0:1" in conf["gpu01"]
-    assert "gpu01 || check_hw_ib 400 mlx5_1:1" in conf["gpu01"]
-    assert 'gpu01 || check_fs_mount_rw -t "nfs4" -s "sm1:/export/shared" -f "/shared"' in conf["gpu01"]
-    assert "gpu01 || check_cmd_output -t 30 -m '/^GPU 1:/' -e 'nvidia-smi -L'" in conf["gpu01"]
-    assert "check_ps_service -u root -S opensm" in conf["sm1"]
-    assert "check_ps_service" not in conf["gpu01"] and "check_fs_mount" not in conf["sm1"]
 
 
 def test_bandwidth_rail_where_nothing_passes_still_fails() -> None:
