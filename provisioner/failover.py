@@ -250,14 +250,21 @@ class Watch:
     sleep: Callable[[float], None] = time.sleep
     clock: Callable[[], float] = time.monotonic
     results: list[FailoverResult] = field(default_factory=list)
+    skipped: set[str] = field(default_factory=set)
 
     def round(self) -> list[FailoverResult]:
         f = self.failover
         membership = current(f.cluster, f.state_dir)
-        nodes = membership.in_partitions
+        t_round = time.monotonic()
+        # a node someone drained (maintenance, a rolling batch) is out of service already: not ours to fail over
+        states = f.ctl.nodes(membership.in_partitions) if membership.in_partitions else {}
+        nodes = [n for n in membership.in_partitions if not (n in states and states[n].drain)]
+        for n in sorted(set(membership.in_partitions) - set(nodes)):
+            if n not in self.skipped:
+                self.progress(f"{n} is drained ({states[n].reason or 'no reason'}): not checked while it is")
+        self.skipped = set(membership.in_partitions) - set(nodes)
         if not nodes:
             return []
-        t_round = time.monotonic()
         health = check_nodes(f.cluster, f.remote, nodes)
         bad = {n: h for n, h in health.items() if not h.ok}
         if not bad:

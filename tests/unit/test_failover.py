@@ -152,3 +152,18 @@ def test_timeline_measures_from_the_fault(tmp_path: Path) -> None:
     tl = Timeline(t0=0.0)
     tl.events.append(("fault seen", "t", 0.0))
     assert tl.at("spare in partition") is None and tl.at("fault seen") == 0.0
+
+
+def test_a_node_drained_by_someone_else_is_not_checked_nor_failed_over(cluster: Cluster, tmp_path: Path,
+                                                                      _probe: Probe) -> None:
+    from provisioner.slurm.ctl import NodeState
+
+    w = World(cluster, tmp_path)
+    fo = w.failover()
+    fo.ctl.states["gpu02"] = NodeState("gpu02", "IDLE+DRAIN", "BIOS update [ops@2026-01-01T00:00:00]")  # type: ignore[attr-defined]
+    _probe.bad = {"gpu02": ["gpu_count: 0 of 2 GPUs"]}
+    lines: list[str] = []
+    watch = Watch(fo, 5, progress=lines.append)
+    assert watch.round() == [] and watch.round() == []
+    assert _probe.calls == [["gpu01"], ["gpu01"]]
+    assert lines == ["gpu02 is drained (BIOS update [ops@2026-01-01T00:00:00]): not checked while it is"]

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from provisioner.remote import Completed
-from provisioner.spec.hostlist import compress
 from provisioner.slurm.ctl import (
     SlurmCtl,
     SlurmError,
@@ -22,6 +21,7 @@ from provisioner.slurm.ctl import (
     show_node_argv,
     squeue_argv,
 )
+from provisioner.spec.hostlist import compress
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 
@@ -103,7 +103,12 @@ def test_wait_idle_polls_until_the_job_is_gone_and_gives_up_after_max_wait() -> 
         "scontrol update": [ok]})
     now = [0.0]
     naps: list[float] = []
-    ctl = SlurmCtl(remote, "sm1", clock=lambda: now[0], sleep=lambda s: (naps.append(s), now.__setitem__(0, now[0] + s)))
+
+    def nap(s: float) -> None:
+        naps.append(s)
+        now[0] += s
+
+    ctl = SlurmCtl(remote, "sm1", clock=lambda: now[0], sleep=nap)
     said: list[str] = []
     assert ctl.wait_idle(["gpu01"], 60, progress=said.append) == {}
     assert said == ["waiting for jobs to end on gpu01 (job 1)"] and naps == [2.0]

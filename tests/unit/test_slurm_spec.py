@@ -92,3 +92,16 @@ def test_a_swap_record_naming_a_node_that_is_no_spare_is_refused(tmp_path: Path)
     with pytest.raises(UsageError, match="gpu02 is no spare"):
         current(c, tmp_path)
     assert spec_membership(c).spares == ["gpu03"]
+
+
+def test_the_slurm_role_declares_every_variable_the_inventory_and_a_run_give_it() -> None:
+    import yaml
+
+    root = Path(__file__).resolve().parents[2]
+    options = set(yaml.safe_load((root / "roles/slurm/meta/argument_specs.yml").read_text())["argument_specs"]
+                  ["main"]["options"])
+    rendered = {k for k in build_inventory(_cluster(LAB)).groupvars["all"] if k.startswith("slurm_")}
+    lab_site = {"slurm_proctrack_type", "slurm_task_plugin"}
+    assert rendered | lab_site | {"slurm_failed"} <= options
+    defaults = yaml.safe_load((root / "roles/slurm/defaults/main.yml").read_text())
+    assert all(k.startswith("slurm_") for k in defaults)
