@@ -181,7 +181,7 @@ def up(
     out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
     = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only these phases (repeat or comma-separate): "
-                                                   "preflight, repos, gpu_stack, ofed, fabric, storage, verify, "
+                                                   "preflight, repos, gpu_stack, ofed, fabric, storage, slurm, verify, "
                                                    "report.")] = None,
     from_phase: Annotated[str | None, typer.Option("--from", help="Start at this phase and run the rest.")] = None,
     limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04],sm1.")]
@@ -203,6 +203,16 @@ def up(
     vault_password_file: Annotated[Path | None, typer.Option("--vault-password-file",
                                                              help="For ansible-vault encrypted secrets files.")]
     = None,
+    rolling: Annotated[bool, typer.Option("--rolling", help="Converge a running cluster a batch at a time: drain "
+                                          "in Slurm, wait for jobs, converge, verify against peers, resume "
+                                          "(see `provision plan`). With --resume: continue a stopped one.")]
+    = False,
+    batch: Annotated[str | None, typer.Option("--batch", help="With --rolling: nodes per batch, a count or a "
+                                              "share (25%); default the spec's reboot.serial.")] = None,
+    max_wait: Annotated[float, typer.Option("--max-wait", min=0, help="With --rolling: seconds to wait for a "
+                                            "drained batch's jobs to end before stopping.")] = 3600.0,
+    peers: Annotated[int, typer.Option("--peers", min=0, help="With --rolling: healthy peers to verify each "
+                                       "batch against.")] = 2,
 ) -> None:
     """The whole bring-up (what `provision cluster.yaml` runs): validate, render, converge, verify, report.
 
@@ -210,6 +220,14 @@ def up(
     """
     from provisioner.phases import RunOptions, provision_run, summary_lines
     from provisioner.progress import JsonReporter, LiveReporter
+
+    if rolling:
+        _rolling(spec, overlay, out_dir, batch, max_wait, peers, resume,
+                 other=bool(only or from_phase or limit or check or tags or secrets or as_json))
+    if batch is not None:
+        from provisioner.errors import UsageError
+
+        raise UsageError("--batch goes with --rolling")
 
     opts = RunOptions(only=[p for item in only or [] for p in item.split(",") if p], from_phase=from_phase,
                       limit=limit, check=check, diff=diff,
@@ -228,6 +246,67 @@ def up(
             err.print(line, markup=False)
         _print_run_drift(spec, overlay, out_dir, journal.run_id)
     raise typer.Exit({"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2))
+
+
+def _rolling(spec: Path, overlay: Path | None, out_dir: Path | None, batch: str | None, max_wait: float,
+             peers: int, resume: bool, *, other: bool) -> None:
+    """`provision cluster.yaml --rolling`: see provisioner.rolling. Ends the command with its exit code."""
+    from provisioner.errors import UsageError
+    from provisioner.progress import LiveReporter
+    from provisioner.rolling import rolling_run, summary_lines
+
+    if other:
+        raise UsageError("--rolling plans its own phases and hosts per batch: drop --only/--from/--limit/--check/"
+                         "--tags/--secrets/--json")
+    with LiveReporter(err) as rep:
+        journal = rolling_run(spec, overlay=overlay, state_dir=out_dir, batch=batch, max_wait_s=max_wait,
+                              peers=peers, resume=resume, reporter=rep,
+                              progress=lambda m: err.print(f"[rolling] {m}", markup=False))
+    for line in summary_lines(journal):
+        err.print(line, markup=False)
+    raise typer.Exit(0 if journal.status == "passed" else 1)
+
+
+@app.command("plan")
+def plan_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+    batch: Annotated[str | None, typer.Option("--batch", help="Nodes per batch, a count or a share (25%); default "
+                                              "the spec's reboot.serial.")] = None,
+    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax.")] = None,
+    cached: Annotated[bool, typer.Option("--cached", help="Use the manifests the last run fetched instead of "
+                                         "reading them over SSH.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the plan as JSON.")] = False,
+) -> None:
+    """What a converge would change on which nodes (from their manifests and the spec), which changes need a
+    reboot or an SM/OFED restart, and the batches `--rolling` would use. Touches nothing.
+
+    Exit 0 nothing to change, 1 changes planned, 2 could not run.
+    """
+    from provisioner.drift import fetch_manifests
+    from provisioner.phases import expand_limit
+    from provisioner.plan import cached_manifests, make_plan, summary_lines, to_json_text
+    from provisioner.remote import SshRemote, targets_from_cluster
+    from provisioner.slurm.membership import current
+
+    cluster, _ = load_cluster(spec, overlay)
+    sdir = out_dir or Path(".provision") / cluster.name
+    nodes = expand_limit(limit, [n.name for n in cluster.nodes])
+    if cached:
+        manifests, missing = cached_manifests(sdir, nodes)
+    else:
+        with SshRemote(targets_from_cluster(cluster)) as ssh:
+            manifests, missing = fetch_manifests(ssh, nodes)
+    plan = make_plan(cluster, manifests, missing, current(cluster, sdir), batch=batch, nodes=nodes,
+                     source="cache" if cached else "ssh")
+    if as_json:
+        out.print(to_json_text(plan), markup=False)
+    else:
+        for line in summary_lines(plan):
+            out.print(line, markup=False)
+    raise typer.Exit(1 if plan.batches else 0)
 
 
 def _drift_hook(spec: Path, overlay: Path | None) -> Any:
@@ -401,6 +480,80 @@ def replace_node_cmd(
     for line in summary_lines(result):
         out.print(line, markup=False)
     raise typer.Exit(result.exit_code)
+
+
+@app.command("failover")
+def failover_cmd(
+    spec: SpecArg,
+    node: Annotated[str, typer.Argument(help="The failed partition node.", show_default=False)],
+    overlay: OverlayOpt = None,
+    reason: Annotated[str, typer.Option("--reason", help="Why (the drain reason in Slurm).")] = "failed (operator)",
+    peers: Annotated[int, typer.Option("--peers", min=0, help="Healthy peers to verify the spare against.")] = 2,
+    no_persist: Annotated[bool, typer.Option("--no-persist", help="Only the live Slurm change and the record; "
+                                             "leave slurm.conf to the next run.")] = False,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the result (with its timeline) as JSON.")] = False,
+) -> None:
+    """Replace a failed node by a verified spare: drain it in Slurm, verify a spare of its profile against healthy
+    peers, put the spare into its partitions, record the swap, persist slurm.conf.
+
+    Exit 0 a spare took its place, 1 no spare passed (the node stays drained), 2 could not run.
+    """
+    from provisioner.failover import make_failover, summary_lines
+    from provisioner.progress import LiveReporter
+
+    with LiveReporter(err) as rep:
+        fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, reporter=rep,
+                           persist=not no_persist, progress=lambda m: err.print(f"[failover] {m}", markup=False))
+        result = fo.run(node, reason)
+    if as_json:
+        out.print_json(json.dumps(result.to_json()))
+    else:
+        for line in summary_lines(result):
+            out.print(line, markup=False)
+    raise typer.Exit(result.exit_code)
+
+
+@app.command("watch")
+def watch_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    interval: Annotated[float | None, typer.Option("--interval", min=1, help="Seconds between rounds (default: "
+                                                   "the spec's spares.watch_interval_s).")] = None,
+    once: Annotated[bool, typer.Option("--once", help="One round, then exit (for a systemd timer).")] = False,
+    peers: Annotated[int, typer.Option("--peers", min=0, help="Healthy peers to verify a spare against.")] = 2,
+    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
+    = None,
+) -> None:
+    """Health checks on every partition node (GPU count, Xid/ECC errors, ports Active at rate, nvidia_peermem)
+    every interval; a node that fails them twice in a row is failed over to a spare.
+
+    Exit 0 (stopped by a signal, or --once with nothing failed), 1 --once and a failover happened or failed.
+    """
+    from provisioner.failover import Watch, make_failover
+
+    def log(m: str) -> None:
+        err.print(f"[watch {datetime_now()}] {m}", markup=False)
+
+    fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, progress=log)
+    spares = fo.cluster.spec.spares
+    every = interval if interval is not None else float(spares.watch_interval_s if spares else 60)
+    watch = Watch(fo, every, progress=log)
+    log(f"watching {fo.cluster.name} every {every:g} s (failover budget "
+        f"{spares.failover_budget_s if spares else 600} s)")
+    try:
+        watch.loop(rounds=1 if once else None)
+    except KeyboardInterrupt:
+        log("stopped")
+        raise typer.Exit(0) from None
+    raise typer.Exit(1 if once and watch.results else 0)
+
+
+def datetime_now() -> str:
+    from datetime import UTC, datetime
+
+    return datetime.now(UTC).strftime("%H:%M:%S")
 
 
 @app.command("trust-host")
@@ -714,7 +867,7 @@ def _cluster_name(arg: str) -> str:
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export", "drift", "trust-host", "discover"}
+            "export", "drift", "trust-host", "discover", "plan", "failover", "watch"}
 
 
 def main(argv: list[str] | None = None) -> int:

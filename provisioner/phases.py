@@ -1,6 +1,6 @@
 """The phases of `provision cluster.yaml`, in order, and the engine that runs them with failure isolation.
 
-    validate -> render -> preflight -> repos -> gpu_stack -> ofed -> fabric -> storage -> verify -> report
+    validate -> render -> preflight -> repos -> gpu_stack -> ofed -> fabric -> storage -> slurm -> verify -> report
 
 Each phase is a playbook under playbooks/ or a Python step. The engine keeps going when single nodes
 break: a host that fails or cannot be reached in a phase is *set aside* with its reason and the others carry
@@ -55,6 +55,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("ofed", "DOCA-OFED/MOFED, GPUDirect RDMA", "ofed.yml"),
     Phase("fabric", "subnet manager, switches", "fabric.yml"),
     Phase("storage", "NFS/Lustre", "storage.yml"),
+    Phase("slurm", "Slurm: MUNGE, slurmctld, slurmd", "slurm.yml"),
     Phase("verify", "verify the fabric against the spec"),
     Phase("report", "write the reports"),
 )
@@ -453,6 +454,7 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
     """
     from provisioner.render import render_inventory
     from provisioner.render.model import play_vars
+    from provisioner.slurm.membership import run_vars as slurm_run_vars
     from provisioner.spec import load_cluster
 
     overlay = Path(options.overlay) if options.overlay else None
@@ -475,5 +477,5 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
                     critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
                     playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
                     reporter=reporter or NullReporter(), after_converge=after_converge,
-                    play_vars=play_vars(cluster))
+                    play_vars={**play_vars(cluster), **slurm_run_vars(cluster, sdir)})
     return engine.execute(plan)

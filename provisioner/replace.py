@@ -60,6 +60,9 @@ from provisioner.state import (
 NODE_PHASES = ("preflight", "repos", "gpu_stack", "ofed")
 """Converged on the replaced node alone, before the SM side (the normal run's order)."""
 AFTER_FABRIC_PHASES = ("storage",)
+SLURM_PHASE = "slurm"
+"""Run after storage on a node Slurm knows: it gives a reinstalled node the cluster's MUNGE key, slurm.conf and
+slurmd again."""
 SM_CONFIG_TASKS = frozenset({"Write opensm.conf", "Write partitions.conf"})
 """Task names of roles/opensm whose change means the SM's configuration changed."""
 SM_RESTART_HANDLER = "Restart opensm"
@@ -272,6 +275,7 @@ class ReplaceResult:
     report: VerifyReport | None = None
     report_dir: Path | None = None
     stopped: str | None = None       # why the command stopped early, with what to do next
+    returned_as_spare: bool = False  # a failed-over node, back as a spare
 
     @property
     def exit_code(self) -> int:
@@ -455,7 +459,15 @@ def replace_node(
     plan: list[tuple[tuple[str, ...], list[str]]] = [(NODE_PHASES, [node])]
     if sms:
         plan.append((("fabric",), sms))
-    plan.append((AFTER_FABRIC_PHASES, [node]))
+    after: tuple[str, ...] = AFTER_FABRIC_PHASES
+    slurm = cluster.spec.slurm
+    if slurm is not None:
+        from provisioner.slurm.membership import spec_membership
+
+        known = spec_membership(cluster)
+        if node == slurm.controller or node in {*known.in_partitions, *known.spares}:
+            after = (*after, SLURM_PHASE)
+    plan.append((after, [node]))
     for phases, hosts in plan:
         label = ",".join(hosts)
         journal = run(spec, RunOptions(only=list(phases), limit=label, overlay=ov), state_dir=sdir,
@@ -478,7 +490,31 @@ def replace_node(
     result.report_dir = sdir / "replace" / node / stamp
     remote_v = make_remote(targets) if remote_factory else None
     result.report = verifier(cluster, node, result.peers, result.report_dir, progress, remote=remote_v)
+    if result.report.verdict.exit_code == 0:
+        result.returned_as_spare = return_as_spare(cluster, sdir, node, progress, remote_v)
     return result
+
+
+def return_as_spare(cluster: Cluster, state_dir: Path, node: str, progress: Progress,
+                    remote: Remote | None = None) -> bool:
+    """A node a failover took out of its partitions, repaired and verified: it stands by as a spare from now on
+    (the swap record says so) and is resumed in Slurm, where it is in no partition."""
+    from provisioner.slurm.ctl import SlurmCtl
+    from provisioner.slurm.membership import current, mark_returned
+
+    if cluster.spec.slurm is None or node not in current(cluster, state_dir).failed:
+        return False
+    mark_returned(state_dir, node)
+    ssh = remote or SshRemote(targets_from_cluster(cluster))
+    try:
+        SlurmCtl(ssh, cluster.spec.slurm.controller).resume([node])
+    finally:
+        if remote is None:
+            close = getattr(ssh, "close", None)
+            if callable(close):
+                close()
+    progress(f"{node} returns as a spare (in no partition, resumed in Slurm)")
+    return True
 
 
 def summary_lines(result: ReplaceResult) -> list[str]:
@@ -512,4 +548,6 @@ def summary_lines(result: ReplaceResult) -> list[str]:
         for f in r.report.findings():
             lines.append(f"    {f.severity.upper():7s} {f.location()}: {f.message}")
         lines.append(f"  verify: {r.report.verdict.label} ({r.report_dir})")
+    if r.returned_as_spare:
+        lines.append(f"  {r.node} was failed over before: it stands by as a spare now (in no Slurm partition)")
     return lines

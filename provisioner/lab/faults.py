@@ -37,8 +37,8 @@ Runner = Callable[[list[str]], None]
 """Runs one podman command (arguments after ``podman``)."""
 
 PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", "slow_link", "flapping")
-NODE_FAULTS = ("gpu_missing", "peermem_missing", "unreachable", "sm_killed", "hardware_swap", "ipoib_down",
-               "ipoib_wrong_address")
+NODE_FAULTS = ("gpu_missing", "ecc_error", "peermem_missing", "unreachable", "sm_killed", "hardware_swap",
+               "ipoib_down", "ipoib_wrong_address")
 FABRIC_FAULTS = ("cables_swapped",)
 SWITCH_FAULTS = ("uplink_down", "uplink_degraded", "switch_down")
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS + SWITCH_FAULTS
@@ -55,6 +55,44 @@ LINK_RETRAIN_COUNTS = {"link_error_recovery": 1, "symbol_error": 12}
 HIDDEN_SUFFIX = ".lab-hidden"
 DEFAULT_SM_UNIT = "opensmd"
 """The unit of NVIDIA's opensm package (DOCA/MLNX_OFED), which the lab's stand-in installs."""
+
+
+XID_TEXT = {79: "GPU has fallen off the bus.", 48: "DBE (Double Bit Error) ECC Error"}
+"""Xid codes the GPU faults log, with the condition NVIDIA's Xid catalog names for them."""
+
+
+def kernel_uptime() -> float:
+    """Seconds since the (shared) kernel booted: what the kernel stamps its log lines with."""
+    try:
+        with open("/proc/uptime", encoding="ascii") as handle:
+            return float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+
+
+def xid_line(gpu: dict[str, Any], code: int) -> str:
+    """The driver's ``NVRM: Xid (PCI:dddd:bb:dd): <code>, ...`` line for ``gpu`` (its bus id without the function;
+    leptonai/gpud components/accelerator/nvidia/error/xid/README.md shows real ones)."""
+    domain, bus, rest = str(gpu["pci_bus_id"]).split(":")
+    return (f"NVRM: Xid (PCI:{domain[-4:].lower()}:{bus.lower()}:{rest.split('.')[0].lower()}): {code}, "
+            f"pid='<unknown>', name=<unknown>, {XID_TEXT[code]}")
+
+
+def _log_kernel(node: dict[str, Any], record: dict[str, Any], message: str) -> None:
+    """Append ``message`` to the node's simulated kernel log (read by the lab's dmesg), tied to ``record``."""
+    entry = {"t": round(kernel_uptime(), 6), "msg": message}
+    node.setdefault("kernel_log", []).append(entry)
+    record["logged"] = message
+
+
+def _gpu_index(node: dict[str, Any], host: str, params: dict[str, Any]) -> int:
+    gpus = node.get("gpus", [])
+    if not gpus:
+        raise LabError(f"{host} has no GPUs to lose")
+    index = int(params.get("index", len(gpus) - 1))
+    if not 0 <= index < len(gpus):
+        raise LabError(f"{host} has no GPU {index} (0..{len(gpus) - 1})")
+    return index
 
 
 def _podman_runner(args: list[str]) -> None:
@@ -124,14 +162,20 @@ def apply_fault(
         if kind == "flapping":
             labstate.add_counters(hca, FLAP_ON_INJECT)  # not in "saved": clearing the fault keeps the counts
     elif kind == "gpu_missing":
-        gpus = node.get("gpus", [])
-        if not gpus:
-            raise LabError(f"{host} has no GPUs to lose")
-        index = int(params.get("index", len(gpus) - 1))
-        if not 0 <= index < len(gpus):
-            raise LabError(f"{host} has no GPU {index} (0..{len(gpus) - 1})")
-        gpus[index]["present"] = False
+        # a GPU that falls off the bus is gone from nvidia-smi and leaves Xid 79 in the kernel log
+        index = _gpu_index(node, host, params)
+        node["gpus"][index]["present"] = False
         record["index"] = index
+        _log_kernel(node, record, xid_line(node["gpus"][index], 79))
+    elif kind == "ecc_error":
+        # an uncorrectable (double bit) ECC error: counted by nvidia-smi since the driver loaded, Xid 48 logged
+        index = _gpu_index(node, host, params)
+        count = int(params.get("count", 1))
+        record.update({"index": index, "count": count})
+        gpu = node["gpus"][index]
+        record["saved"] = {"ecc_uncorrected_volatile": gpu.get("ecc_uncorrected_volatile", 0)}
+        gpu["ecc_uncorrected_volatile"] = int(gpu.get("ecc_uncorrected_volatile", 0)) + count
+        _log_kernel(node, record, xid_line(gpu, 48))
     elif kind == "peermem_missing":
         module = str(params.get("module", "nvidia_peermem"))
         record["module"] = module
@@ -245,6 +289,10 @@ def revert_fault(
             hca[key] = record["saved"].get(key)
     elif kind == "gpu_missing":
         node["gpus"][int(record["index"])]["present"] = True
+    elif kind == "ecc_error":
+        node["gpus"][int(record["index"])]["ecc_uncorrected_volatile"] = record["saved"]["ecc_uncorrected_volatile"]
+    if record.get("logged"):  # clearing the fault is a reboot to the kernel log: its line goes
+        node["kernel_log"] = [e for e in node.get("kernel_log", []) if e.get("msg") != record["logged"]]
     elif kind == "peermem_missing":
         commands.append(["exec", ctr, "sh", "-c",
                          f"for f in $(find /lib/modules -name '*{HIDDEN_SUFFIX}'); do "
@@ -539,6 +587,7 @@ PARAMS: dict[str, dict[str, str]] = {
     "degraded_rate": {**_PORT_PARAMS, "speed": "speed"},
     "slow_link": {**_PORT_PARAMS, "bw_factor": "factor"},
     "gpu_missing": {"index": "int"},
+    "ecc_error": {"index": "int", "count": "int"},
     "peermem_missing": {"module": "module"},
     "unreachable": {"method": "method"},
     "sm_killed": {"unit": "unit"},

@@ -111,6 +111,38 @@ def _roce_vars(cluster: Cluster) -> dict[str, Any]:
             "roce_qos_tos": _roce_tos(roce.dscp, bool(roce.ecn)), "roce_qos_mtu": roce.mtu}
 
 
+def _slurm_vars(cluster: Cluster, inv: Inventory) -> dict[str, Any]:
+    """The slurm role's settings and groups (slurm_controller, slurm_nodes, spares); nothing without ``slurm:``.
+
+    slurm_partitions here are the spec's; a run after a failover passes the swapped ones as extra vars
+    (:func:`provisioner.slurm.membership.run_vars`)."""
+    slurm = cluster.spec.slurm
+    if slurm is None:
+        return {}
+    from provisioner.slurm.membership import spec_membership
+
+    now = spec_membership(cluster)
+    nodes = now.in_partitions + [n for n in now.spares if n not in now.in_partitions]
+    by_name = {n.name: n for n in cluster.nodes}
+    inv.groups["slurm_controller"] = [slurm.controller]
+    inv.groups["slurm_nodes"] = [n for n in nodes if n in by_name]
+    if now.spares:
+        inv.groups["spares"] = list(now.spares)
+    ctl = by_name.get(slurm.controller)
+    return {
+        "slurm_enabled": True,
+        "slurm_controller": slurm.controller,
+        "slurm_controller_address": ctl.address if ctl else None,
+        "slurm_nodes": [{"name": n, "address": by_name[n].address, "gpus": by_name[n].gpu_count}
+                        for n in nodes if n in by_name],
+        "slurm_partitions": [{"name": p.name, "nodes": now.partitions.get(p.name, []), "default": p.default,
+                              "max_time": p.max_time} for p in slurm.partitions],
+        "slurm_spares": now.spares,
+        "slurm_failed": [],
+        "slurm_gres": slurm.gres,
+    }
+
+
 def play_vars(cluster: Cluster) -> dict[str, Any]:
     """Variables a play needs before Ansible knows any host: play keywords such as ``serial`` are templated
     without inventory variables, so the run engine also passes these as extra vars (they are in group_vars/all
@@ -285,6 +317,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "provisioner_roce": spec.fabric.roce.model_dump() if spec.fabric.roce else None,
         "provisioner_verify": spec.verify.model_dump(),
         **_roce_vars(cluster),
+        **_slurm_vars(cluster, inv),
     }
     if key_file:
         allv["ansible_ssh_private_key_file"] = key_file

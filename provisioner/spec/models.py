@@ -381,6 +381,37 @@ class Verify(Strict):
     nccl: NcclCheck = Field(default_factory=NcclCheck)
 
 
+# --- Slurm and spare nodes -------------------------------------------------------------------------------------
+SlurmName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
+SlurmTime = Annotated[str, StringConstraints(
+    pattern=r"^(INFINITE|UNLIMITED|[0-9]{1,5}(-[0-9]{1,2})?(:[0-9]{2}){0,2})$")]
+
+
+class SlurmPartition(Strict):
+    name: SlurmName = Field(description="Partition name (PartitionName=).")
+    nodes: HostlistExpr = Field(description="Member nodes: a hostlist or a role name (compute).")
+    default: bool = Field(False, description="The partition jobs go to when they name none (Default=YES).")
+    max_time: SlurmTime = Field("INFINITE", description="MaxTime= of the partition.")
+
+
+class Slurm(Strict):
+    controller: HostName = Field(description="The node running slurmctld (munge's key is made there).")
+    partitions: list[SlurmPartition] = Field(min_length=1, description="Partitions and their nodes; spares are "
+                                             "in none of them.")
+    gres: bool = Field(True, description="Declare the GPUs as GRES (GresTypes=gpu, Gres=gpu:N, gres.conf with "
+                       "/dev/nvidia*).")
+
+
+class Spares(Strict):
+    nodes: HostlistExpr = Field(description="Spare nodes: converged and verified like the rest, kept out of "
+                                "the Slurm partitions until `provision failover` puts one in a failed node's place.")
+    failover_budget_s: int = Field(600, ge=60, le=86400, description="Seconds from a failed health check to the "
+                                   "spare in the partition that `provision watch` must keep (the reference promises "
+                                   "10 minutes).")
+    watch_interval_s: int = Field(60, ge=5, le=3600, description="Seconds between two rounds of `provision "
+                                  "watch`'s health checks.")
+
+
 # --- the whole spec --------------------------------------------------------------------------------------------
 class Spec(Strict):
     cluster: ClusterMeta = Field(description="Name and OS of the cluster.")
@@ -394,6 +425,9 @@ class Spec(Strict):
     switches: list[Switch] = Field(default_factory=list, description="Fabric switches (topology and management).")
     storage: Storage = Field(default_factory=Storage, description="NFS exports/mounts and Lustre mounts.")
     verify: Verify = Field(default_factory=Verify, description="What `provision verify` checks and its thresholds.")
+    slurm: Slurm | None = Field(None, description="The Slurm cluster on these nodes (controller, partitions); "
+                                "rolling changes and failover drain and resume nodes through it.")
+    spares: Spares | None = Field(None, description="Spare nodes and the failover time budget.")
     site_vars: dict[SiteVarName, SiteVarValue] = Field(
         default_factory=dict, description="Site overrides of role variables (e.g. preflight_gpu_evidence), "
         "rendered into group_vars/all; names and string values are pattern-checked.")

@@ -974,3 +974,90 @@ def _lustre_ipoib(c: Cluster, rep: Reporter, r: Rule) -> None:
                 rep.add((*path, "mgs"), r.id, f"MGS NID {nid} is outside the clients' IPoIB subnet "
                         f"{', '.join(sorted(subnets))} on {net}", "RDMA-CM resolves o2ib NIDs through IPoIB ARP: "
                         "the MGS needs an address on that subnet (or an LNet router)", severity="warning")
+
+
+# --- Slurm and spares -------------------------------------------------------------------------------------------
+def _names_of(expr: str, c: Cluster) -> list[str] | None:
+    """The nodes a partition or spares expression names; None when the hostlist does not parse."""
+    try:
+        return members(expr, c)
+    except hostlist.HostlistError:
+        return None
+
+
+@rule("SLURM-REFS", "error",
+      "slurm.conf is rendered from these names: a controller or a partition member that is no node of the spec "
+      "leaves slurmctld without the node it is told to schedule on.")
+def _slurm_refs(c: Cluster, rep: Reporter, r: Rule) -> None:
+    slurm = c.spec.slurm
+    if slurm is None:
+        return
+    names = {n.name for n in c.nodes}
+    if slurm.controller not in names:
+        r.report(rep, ("slurm", "controller"), f"Slurm controller '{slurm.controller}' is not defined",
+                 "name a node from nodes:")
+    seen: set[str] = set()
+    defaults = [p.name for p in slurm.partitions if p.default]
+    for i, part in enumerate(slurm.partitions):
+        if part.name in seen:
+            r.report(rep, ("slurm", "partitions", i, "name"), f"partition {part.name} is defined twice",
+                     "give each partition its own name")
+        seen.add(part.name)
+        got = _names_of(part.nodes, c)
+        if got is None:
+            rep.add(("slurm", "partitions", i, "nodes"), "SPEC-HOSTLIST", f"'{part.nodes}' is not a hostlist",
+                    "a role name or a hostlist such as gpu[01-08]")
+            continue
+        unknown = [n for n in got if n not in names]
+        if unknown:
+            r.report(rep, ("slurm", "partitions", i, "nodes"),
+                     f"partition {part.name} names undefined node(s) {hostlist.compress(unknown)}",
+                     "name nodes from nodes:")
+        elif not got:
+            r.report(rep, ("slurm", "partitions", i, "nodes"), f"partition {part.name} has no node",
+                     "name at least one node")
+    if len(defaults) > 1:
+        r.report(rep, ("slurm", "partitions"), f"{len(defaults)} default partitions ({', '.join(defaults)})",
+                 "mark one partition default: true")
+
+
+@rule("SPARES", "error",
+      "A spare stands by outside every partition so that `provision failover` can put it in a failed node's "
+      "place: it must be a defined node, in no partition, of the profile of the nodes it stands in for, on a "
+      "cluster whose Slurm can take it in.")
+def _spares(c: Cluster, rep: Reporter, r: Rule) -> None:
+    spares = c.spec.spares
+    if spares is None:
+        return
+    got = _names_of(spares.nodes, c)
+    if got is None:
+        rep.add(("spares", "nodes"), "SPEC-HOSTLIST", f"'{spares.nodes}' is not a hostlist",
+                "a hostlist such as spare[01-02]")
+        return
+    by_name = {n.name: n for n in c.nodes}
+    unknown = [n for n in got if n not in by_name]
+    if unknown:
+        r.report(rep, ("spares", "nodes"), f"spare node(s) {hostlist.compress(unknown)} not defined",
+                 "name nodes from nodes:")
+        return
+    if c.spec.slurm is None:
+        r.report(rep, ("spares",), "spares without slurm: failover puts a spare into a Slurm partition",
+                 "add a slurm: section (controller, partitions)")
+        return
+    in_parts: dict[str, str] = {}
+    profiles: set[str] = set()
+    for part in c.spec.slurm.partitions:
+        for n in _names_of(part.nodes, c) or []:
+            in_parts.setdefault(n, part.name)
+            if n in by_name:
+                profiles.add(by_name[n].profile)
+    for n in got:
+        if n in in_parts:
+            r.report(rep, ("spares", "nodes"), f"spare {n} is in partition {in_parts[n]}",
+                     "a spare stays out of every partition until failover puts it in")
+        elif n == c.spec.slurm.controller:
+            r.report(rep, ("spares", "nodes"), f"spare {n} is the Slurm controller", "spares are compute nodes")
+        elif by_name[n].profile not in profiles:
+            r.report(rep, ("spares", "nodes"), f"spare {n} (profile {by_name[n].profile}) can stand in for no "
+                     f"partition node (profiles: {', '.join(sorted(profiles)) or 'none'})",
+                     "a spare must have the hardware profile of the nodes it replaces")

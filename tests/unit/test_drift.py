@@ -214,7 +214,7 @@ def test_no_report_yet(tmp_path: Path) -> None:
 
 
 # --- the run engine's hook -------------------------------------------------------------------------------------
-PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml"]
+PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml", "slurm.yml"]
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
 
 
@@ -243,10 +243,11 @@ def test_hook_runs_once_after_the_last_converge_phase_on_the_hosts_left(tmp_path
 
     opts = RunOptions(max_fail=50)
     j = _engine(tmp_path, hook, opts, {"ofed.yml": FakeRun(failed={"gpu02": "boom"})}).execute(plan_run(HOSTS, opts))
-    assert [(c.phase, c.hosts) for c in calls] == [("storage", ["gpu01", "gpu03", "sm1"])]
+    # the last converge phase is slurm (after storage): the manifests are all written by then
+    assert [(c.phase, c.hosts) for c in calls] == [("slurm", ["gpu01", "gpu03", "sm1"])]
     assert calls[0].run_dir.name == j.run_id
-    storage = j.phase("storage")
-    assert storage is not None and storage.note == "drift: 3 manifest(s): 0 off the spec, 0 peer drift"
+    last = j.phase("slurm")
+    assert last is not None and last.note == "drift: 3 manifest(s): 0 off the spec, 0 peer drift"
 
 
 def test_hook_follows_only_and_skips_check_mode(tmp_path: Path) -> None:
@@ -270,8 +271,8 @@ def test_hook_failure_is_a_note_not_a_failed_run(tmp_path: Path) -> None:
     opts = RunOptions()
     j = _engine(tmp_path, hook, opts).execute(plan_run(HOSTS, opts))
     assert j.status == "passed"
-    storage = j.phase("storage")
-    assert storage is not None and storage.note == "drift check could not run: known_hosts file /x does not exist"
+    last = j.phase("slurm")
+    assert last is not None and last.note == "drift check could not run: known_hosts file /x does not exist"
 
 
 def test_peers_are_grouped_by_profile_and_roles(tmp_path: Path) -> None:

@@ -88,9 +88,28 @@ def test_duplicate_and_unknown_faults_are_refused(lab: str) -> None:
 
 def test_gpu_missing(lab: str) -> None:
     faults.inject(lab, "gpu01", "gpu_missing", index=3)
-    assert labstate.load_node(lab, "gpu01")["gpus"][3]["present"] is False
+    node = labstate.load_node(lab, "gpu01")
+    assert node["gpus"][3]["present"] is False
+    # the kernel logs Xid 79 for the bus id of the lost GPU (domain:bus:device, no function)
+    bus = node["gpus"][3]["pci_bus_id"].split(":")
+    assert [e["msg"] for e in node["kernel_log"]] == [
+        f"NVRM: Xid (PCI:{bus[0][-4:].lower()}:{bus[1].lower()}:00): 79, pid='<unknown>', name=<unknown>, "
+        "GPU has fallen off the bus."]
     faults.clear(lab, "gpu01", "gpu_missing")
-    assert labstate.load_node(lab, "gpu01")["gpus"][3]["present"] is True
+    node = labstate.load_node(lab, "gpu01")
+    assert node["gpus"][3]["present"] is True and node["kernel_log"] == []
+
+
+def test_ecc_error_counts_and_logs_xid_48_and_clears_exactly(lab: str) -> None:
+    faults.inject(lab, "gpu01", "ecc_error", **faults.check_params("ecc_error", {"index": "1", "count": "3"}))
+    node = labstate.load_node(lab, "gpu01")
+    assert node["gpus"][1]["ecc_uncorrected_volatile"] == 3
+    assert len(node["kernel_log"]) == 1
+    assert node["kernel_log"][0]["msg"].endswith("): 48, pid='<unknown>', name=<unknown>, DBE (Double Bit Error) "
+                                                 "ECC Error")
+    faults.clear(lab, "gpu01", "ecc_error")
+    node = labstate.load_node(lab, "gpu01")
+    assert node["gpus"][1]["ecc_uncorrected_volatile"] == 0 and node["kernel_log"] == []
 
 
 def test_peermem_missing_unloads_and_hides_module(lab: str) -> None:

@@ -31,7 +31,7 @@ from provisioner.runner import FakeRun, PlaybookResult, fake_result
 from provisioner.state import journal_path, last_run, load_journal
 
 HOSTS = [f"gpu{i:02d}" for i in range(1, 11)] + ["sm1"]
-PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml"]
+PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml", "slurm.yml"]
 
 
 class ScriptedRunner:
@@ -193,7 +193,7 @@ def test_resume_picks_up_the_right_phase_and_hosts(tmp_path: Path, playbooks: Pa
     r2 = ScriptedRunner()
     j2 = run(tmp_path, playbooks, r2, RunOptions(resume=True, max_fail=20))
     assert j2.resumed_from == j1.run_id
-    assert [c[0] for c in r2.calls] == ["gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml"]
+    assert [c[0] for c in r2.calls] == ["gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml", "slurm.yml"]
     assert r2.hosts_for("gpu_stack.yml") == ["gpu03"]
     assert r2.hosts_for("ofed.yml") == ["gpu03", "gpu08"]
     assert j2.phase("preflight").status == "skipped"
@@ -244,7 +244,7 @@ def test_json_reporter_streams_one_object_per_line(tmp_path: Path, playbooks: Pa
 def test_select_phases() -> None:
     assert select_phases() == list(PHASE_NAMES)
     assert select_phases(["fabric", "preflight"]) == ["validate", "render", "preflight", "fabric"]
-    assert select_phases(from_phase="storage") == ["validate", "render", "storage", "verify", "report"]
+    assert select_phases(from_phase="storage") == ["validate", "render", "storage", "slurm", "verify", "report"]
     with pytest.raises(UsageError, match="unknown phase"):
         select_phases(["nope"])
     with pytest.raises(UsageError, match="together"):

@@ -1,0 +1,331 @@
+"""``provision failover`` and ``provision watch``: a spare node into a failed node's place, the way ops do on Slurm.
+
+Failover of NODE (a node of some Slurm partition):
+
+1. **drain** NODE with the reason (``scontrol update State=DRAIN Reason="provision failover: ..."``): its running
+   job is lost with the hardware, nothing new starts there;
+2. **pick a spare** of NODE's profile (the spec's spares, minus those used by earlier failovers, plus failed
+   nodes that came back through ``replace-node``) and **verify it against healthy peers** (the cheap health
+   checks first, then links, versions, bandwidth and a short NCCL run with the peers, GPUDirect with one: the
+   rolling batch verification). A spare that fails is drained and the next one is tried;
+3. **put the spare in NODE's partitions** (``scontrol update PartitionName=... Nodes=...``, live) and record the
+   swap (``<state>/slurm/swaps.json``; the timeline under ``<state>/failover/``);
+4. **persist** it: the slurm phase renders slurm.conf with the swap on every Slurm node, so a restart of
+   slurmctld keeps the spare in and NODE out.
+
+The timeline (fault seen, drained, spare verified, spare in partition, persisted) is kept with the swap; the
+budget (``spares.failover_budget_s``, 10 minutes by default) is checked against fault-seen → spare-in-partition.
+
+``provision watch`` runs the health checks (:mod:`provisioner.health`) on the partition nodes every
+``spares.watch_interval_s`` and fails over a node that fails them twice in a row (a confirmation probe right
+after the first failure: one lost SSH packet does not cost a node).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import ProvisionerError, UsageError
+from provisioner.health import NodeHealth, check_nodes
+from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
+from provisioner.remote import Remote
+from provisioner.report import VerifyReport
+from provisioner.rolling import batch_failures, pick_batch_peers, verify_batch
+from provisioner.slurm.ctl import SlurmCtl
+from provisioner.slurm.membership import Membership, current, record_swap
+from provisioner.spec.cluster import Cluster
+from provisioner.state import utcnow, write_json_atomic
+
+FAILOVER_DIR = "failover"
+Progress = Callable[[str], None]
+
+
+class NoSpare(ProvisionerError):
+    """No spare of the failed node's profile passed verification."""
+
+    exit_code = 1
+
+
+@dataclass
+class Timeline:
+    """Named moments of one failover, as UTC times and seconds since the fault was seen (monotonic)."""
+
+    t0: float = field(default_factory=time.monotonic)
+    events: list[tuple[str, str, float]] = field(default_factory=list)
+
+    def mark(self, event: str) -> float:
+        elapsed = time.monotonic() - self.t0
+        self.events.append((event, utcnow(), round(elapsed, 3)))
+        return elapsed
+
+    def at(self, event: str) -> float | None:
+        return next((s for e, _, s in self.events if e == event), None)
+
+
+@dataclass
+class FailoverResult:
+    node: str
+    reason: str
+    spare: str | None = None
+    partitions: list[str] = field(default_factory=list)
+    rejected: dict[str, str] = field(default_factory=dict)    # spare -> why it was not taken
+    peers: list[str] = field(default_factory=list)
+    report_dir: str | None = None
+    persisted: str | None = None                              # the slurm phase's run status
+    budget_s: float = 600.0
+    timeline: Timeline = field(default_factory=Timeline)
+
+    @property
+    def in_partition_s(self) -> float | None:
+        return self.timeline.at("spare in partition")
+
+    @property
+    def within_budget(self) -> bool:
+        s = self.in_partition_s
+        return s is not None and s <= self.budget_s
+
+    @property
+    def exit_code(self) -> int:
+        if self.spare is None:
+            return 1
+        return 0 if self.persisted in (None, "passed") else 1
+
+    def to_json(self) -> dict[str, Any]:
+        d = {k: v for k, v in asdict(self).items() if k != "timeline"}
+        d["timeline"] = [{"event": e, "at": at, "s": s} for e, at, s in self.timeline.events]
+        d["in_partition_s"] = self.in_partition_s
+        d["within_budget"] = self.within_budget
+        return d
+
+
+def spare_candidates(cluster: Cluster, membership: Membership, node: str, unhealthy: set[str]) -> list[str]:
+    """Spares of ``node``'s profile, in spec order, not known unhealthy."""
+    profile = cluster.node(node).profile
+    return [s for s in membership.spares if cluster.node(s).profile == profile and s not in unhealthy]
+
+
+def summary_lines(r: FailoverResult) -> list[str]:
+    lines = [f"failover {r.node}: {r.reason}"]
+    for event, at, s in r.timeline.events:
+        lines.append(f"  {s:8.1f} s  {event} ({at})")
+    for spare, why in r.rejected.items():
+        lines.append(f"  spare {spare} rejected: {why}")
+    if r.spare is None:
+        lines.append(f"  no spare passed: {r.node} stays drained and out of service; add or repair a spare")
+        return lines
+    lines.append(f"  {r.spare} replaces {r.node} in {', '.join(r.partitions)} (verified against "
+                 f"{', '.join(r.peers) or 'no peer'}; report {r.report_dir})")
+    took = r.in_partition_s or 0.0
+    verdict = "within" if r.within_budget else "OVER"
+    lines.append(f"  fault to spare in partition: {took:.1f} s, {verdict} the budget of {r.budget_s:g} s")
+    if r.persisted not in (None, "passed"):
+        lines.append(f"  slurm.conf not persisted (slurm phase {r.persisted}): the swap is live and recorded; "
+                     "rerun `provision cluster.yaml --only slurm` before slurmctld restarts")
+    lines.append(f"  {r.node} stays drained; after repair: provision replace-node <spec> {r.node} (it returns as "
+                 "a spare)")
+    return lines
+
+
+@dataclass
+class Failover:
+    """One failover; the collaborators are injectable for tests."""
+
+    spec: Path
+    cluster: Cluster
+    state_dir: Path
+    ctl: SlurmCtl
+    remote: Remote
+    overlay: str | None = None
+    peers: int = 2
+    progress: Progress = lambda _m: None
+    reporter: Reporter = field(default_factory=NullReporter)
+    verifier: Callable[..., VerifyReport] = verify_batch
+    converge: Callable[..., Any] = provision_run
+    persist: bool = True
+    verify_remote: Remote | None = None
+
+    def run(self, node: str, reason: str, timeline: Timeline | None = None,
+            unhealthy: set[str] | None = None) -> FailoverResult:
+        c = self.cluster
+        membership = current(c, self.state_dir)
+        parts = membership.partitions_of(node)
+        if not parts:
+            raise UsageError(f"{node} is in no Slurm partition (partitions: "
+                             + ", ".join(f"{p}={','.join(n)}" for p, n in membership.partitions.items()) + ")",
+                             hint="failover replaces a partition node; spares and failed nodes are in none")
+        budget = float(c.spec.spares.failover_budget_s) if c.spec.spares else 600.0
+        result = FailoverResult(node, reason, partitions=parts, budget_s=budget, timeline=timeline or Timeline())
+        tl = result.timeline
+        if not tl.events:
+            tl.mark("fault seen")
+        bad = set(unhealthy or set()) | {node} | set(membership.failed)
+        self.progress(f"drain {node}: {reason}")
+        self.ctl.drain([node], f"provision failover: {reason}")
+        tl.mark("drained")
+        for spare in spare_candidates(c, membership, node, bad):
+            why = self._verify_spare(spare, bad, result)
+            if why is None:
+                result.spare = spare
+                break
+            result.rejected[spare] = why
+            bad.add(spare)
+            self.progress(f"spare {spare} rejected: {why}")
+            try:
+                self.ctl.drain([spare], f"provision failover: spare failed verification: {why}")
+            except ProvisionerError as exc:
+                self.progress(f"could not drain {spare}: {exc}")
+        if result.spare is None:
+            tl.mark("no spare")
+            self._save(result)
+            return result
+        spare = result.spare
+        tl.mark("spare verified")
+        states = self.ctl.nodes([spare])
+        if spare in states and states[spare].drain:
+            self.ctl.resume([spare])
+        for part in parts:
+            members = [spare if n == node else n for n in membership.partitions[part]]
+            self.progress(f"partition {part}: {node} -> {spare}")
+            self.ctl.set_partition(part, members)
+        elapsed = tl.mark("spare in partition")
+        self.progress(f"{spare} in {', '.join(parts)} {elapsed:.1f} s after the fault was seen")
+        record_swap(self.state_dir, node, spare, parts, reason)
+        self._save(result)
+        if self.persist:
+            self.progress("persist: slurm.conf with the swap on every Slurm node")
+            run = self.converge(self.spec, RunOptions(only=["slurm"], overlay=self.overlay),
+                                state_dir=self.state_dir, reporter=self.reporter)
+            result.persisted = str(run.status)
+            tl.mark("persisted" if run.status == "passed" else f"persist {run.status}")
+        self._save(result)
+        return result
+
+    def _verify_spare(self, spare: str, unhealthy: set[str], result: FailoverResult) -> str | None:
+        health = check_nodes(self.cluster, self.remote, [spare])[spare]
+        if not health.ok:
+            return f"health: {health.summary()}"
+        peers = pick_batch_peers(self.cluster, [spare], [], unhealthy, self.peers)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        directory = self.state_dir / FAILOVER_DIR / f"{stamp}-{result.node}" / f"verify-{spare}"
+        self.progress(f"verify spare {spare} against {', '.join(peers) or 'no peer'}")
+        report = self.verifier(self.cluster, [spare], peers, directory, self.progress, remote=self.verify_remote)
+        result.peers, result.report_dir = peers, str(directory)
+        failures = batch_failures(report, [spare])
+        return f"verify: {failures[0]}" if failures else None
+
+    def _save(self, result: FailoverResult) -> None:
+        first = result.timeline.events[0][1] if result.timeline.events else utcnow()
+        stamp = first.replace("-", "").replace(":", "")
+        write_json_atomic(self.state_dir / FAILOVER_DIR / f"{stamp}-{result.node}.json", result.to_json())
+
+
+def history(state_dir: Path) -> list[dict[str, Any]]:
+    """Every recorded failover, oldest first."""
+    base = state_dir / FAILOVER_DIR
+    out: list[dict[str, Any]] = []
+    for path in sorted(base.glob("*.json")) if base.is_dir() else []:
+        try:
+            out.append(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------------
+# watch
+
+@dataclass
+class Watch:
+    """Rounds of health checks over the partition nodes; a node failing twice in a row is failed over."""
+
+    failover: Failover
+    interval_s: float
+    progress: Progress = lambda _m: None
+    sleep: Callable[[float], None] = time.sleep
+    clock: Callable[[], float] = time.monotonic
+    results: list[FailoverResult] = field(default_factory=list)
+    skipped: set[str] = field(default_factory=set)
+
+    def round(self) -> list[FailoverResult]:
+        f = self.failover
+        membership = current(f.cluster, f.state_dir)
+        t_round = time.monotonic()
+        # a node someone drained (maintenance, a rolling batch) is out of service already: not ours to fail over
+        states = f.ctl.nodes(membership.in_partitions) if membership.in_partitions else {}
+        nodes = [n for n in membership.in_partitions if not (n in states and states[n].drain)]
+        for n in sorted(set(membership.in_partitions) - set(nodes)):
+            if n not in self.skipped:
+                self.progress(f"{n} is drained ({states[n].reason or 'no reason'}): not checked while it is")
+        self.skipped = set(membership.in_partitions) - set(nodes)
+        if not nodes:
+            return []
+        health = check_nodes(f.cluster, f.remote, nodes)
+        bad = {n: h for n, h in health.items() if not h.ok}
+        if not bad:
+            return []
+        confirmed = check_nodes(f.cluster, f.remote, list(bad))
+        done: list[FailoverResult] = []
+        for n, h in confirmed.items():
+            if h.ok:
+                self.progress(f"{n}: {bad[n].summary()} once, healthy on the second look: no failover")
+                continue
+            self.progress(f"{n} failed its health checks: {h.summary()}")
+            tl = Timeline(t0=t_round)
+            tl.mark("fault seen")
+            try:
+                res = f.run(n, _reason(h), timeline=tl, unhealthy=set(bad))
+            except ProvisionerError as exc:
+                self.progress(f"failover of {n} could not run: {exc}")
+                continue
+            for line in summary_lines(res):
+                self.progress(line)
+            done.append(res)
+        self.results += done
+        return done
+
+    def loop(self, rounds: int | None = None, until: Callable[[list[FailoverResult]], bool] | None = None) -> None:
+        """Run rounds every ``interval_s`` (``rounds`` of them, or until ``until`` says so, or forever)."""
+        n = 0
+        while rounds is None or n < rounds:
+            start = self.clock()
+            done = self.round()
+            n += 1
+            if until is not None and until(done):
+                return
+            if rounds is not None and n >= rounds:
+                return
+            self.sleep(max(0.0, self.interval_s - (self.clock() - start)))
+
+
+def _reason(h: NodeHealth) -> str:
+    return h.summary()[:150]
+
+
+def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None, peers: int = 2,
+                  progress: Progress = lambda _m: None, reporter: Reporter | None = None,
+                  remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
+                  persist: bool = True) -> Failover:
+    """A Failover for the spec (SSH to the nodes, Slurm on the spec's controller)."""
+    from provisioner.remote import SshRemote, targets_from_cluster
+    from provisioner.spec import load_cluster
+
+    cluster, _ = load_cluster(spec, overlay)
+    if cluster.spec.slurm is None:
+        raise UsageError("the spec has no slurm section: failover puts a spare into a Slurm partition")
+    sdir = state_dir or Path(".provision") / cluster.name
+    sdir.mkdir(parents=True, exist_ok=True)
+    remote = (remote_factory or SshRemote)(targets_from_cluster(cluster))
+    return Failover(spec, cluster, sdir, SlurmCtl(remote, cluster.spec.slurm.controller), remote,
+                    overlay=str(overlay) if overlay else None, peers=peers, progress=progress,
+                    reporter=reporter or NullReporter(), persist=persist,
+                    verify_remote=remote if remote_factory else None)
+
+
+def names_of(nodes: Sequence[str]) -> str:
+    return ", ".join(nodes)

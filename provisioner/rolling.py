@@ -1,0 +1,400 @@
+"""``provision cluster.yaml --rolling``: converge a running cluster a batch at a time, the way ops do on Slurm.
+
+Per batch of :mod:`provisioner.plan`:
+
+1. **drain** the batch's Slurm nodes (``scontrol update State=DRAIN Reason="provision rolling <id> ..."``): no
+   new job starts there; running jobs go on. A node that was drained before the run is noted and left drained
+   at the end (its reason is someone else's).
+2. **wait** until no job holds them (``squeue --nodelist``, the node state), at most ``--max-wait`` seconds;
+   past that the batch stops with the jobs named and the nodes drained.
+3. **converge** the batch alone: the plan's phases with ``--limit`` (a driver change reboots a node that needs it
+   when the spec allows reboots: the node is drained, nothing runs on it).
+4. **verify** the batch against healthy peers (as replace-node does: links and versions on the batch, bandwidth
+   and NCCL with the peers, GPUDirect with a peer; subnet managers: links, versions and the SM check). Peers from
+   batches already done come first (they run what the batch now runs).
+5. **resume** the nodes (``State=RESUME``).
+
+The first batch that fails (converge set a node aside, verification found an error on a batch node, jobs did not
+end in time) stops the run: its nodes stay drained with the reason, and the summary says how to resume. The
+rolling journal (``<state>/rolling/<id>/rolling.json``, rewritten at every step) lets ``--rolling --resume``
+continue from that batch. Subnet managers and storage servers come last, one per batch, standby first.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from provisioner.errors import ProvisionerError, UsageError
+from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
+from provisioner.plan import Batch, Plan
+from provisioner.remote import Remote
+from provisioner.report import VerifyReport
+from provisioner.slurm.ctl import SlurmCtl, reason_text
+from provisioner.spec import hostlist
+from provisioner.spec.cluster import Cluster
+from provisioner.state import new_run_id, utcnow, write_json_atomic
+
+ROLLING_DIR = "rolling"
+JOURNAL = "rolling.json"
+DEFAULT_MAX_WAIT_S = 3600.0
+DEFAULT_PEERS = 2
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class BatchRecord:
+    """One batch as it went; ``status``: pending, draining, waiting, converging, verifying, done, failed."""
+
+    index: int
+    nodes: list[str]
+    kind: str
+    drain: list[str]
+    phases: list[str]
+    effects: list[str]
+    note: str = ""
+    status: str = "pending"
+    started: str | None = None
+    ended: str | None = None
+    drained_at: str | None = None
+    idle_at: str | None = None
+    already_drained: dict[str, str] = field(default_factory=dict)   # node -> its reason before this run
+    runs: list[str] = field(default_factory=list)                   # run-engine journals of its converge
+    peers: list[str] = field(default_factory=list)
+    verify_dir: str | None = None
+    reason: str | None = None                                       # why it failed
+
+    @classmethod
+    def from_batch(cls, b: Batch) -> BatchRecord:
+        return cls(b.index, list(b.nodes), b.kind, list(b.drain), list(b.phases), list(b.effects), b.note)
+
+
+@dataclass
+class RollingJournal:
+    rolling_id: str
+    cluster: str
+    spec: str
+    options: dict[str, Any]
+    batches: list[BatchRecord]
+    status: str = "running"        # running, passed, stopped
+    stop_reason: str | None = None
+    started: str = field(default_factory=utcnow)
+    ended: str | None = None
+    resumed: list[str] = field(default_factory=list)                # when --resume picked it up again
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RollingJournal:
+        d = dict(data)
+        d["batches"] = [BatchRecord(**b) for b in d.get("batches") or []]
+        return cls(**d)
+
+    @property
+    def failed_batch(self) -> BatchRecord | None:
+        return next((b for b in self.batches if b.status not in ("pending", "done")), None)
+
+
+def journal_path(state_dir: Path, rolling_id: str) -> Path:
+    return state_dir / ROLLING_DIR / rolling_id / JOURNAL
+
+
+def save(state_dir: Path, journal: RollingJournal) -> None:
+    write_json_atomic(journal_path(state_dir, journal.rolling_id), journal.to_json())
+
+
+def load_last(state_dir: Path) -> RollingJournal | None:
+    base = state_dir / ROLLING_DIR
+    if not base.is_dir():
+        return None
+    for d in sorted(base.iterdir(), reverse=True):
+        path = d / JOURNAL
+        if path.is_file():
+            try:
+                return RollingJournal.from_json(json.loads(path.read_text(encoding="utf-8")))
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                raise UsageError(f"{path}: not a readable rolling journal ({exc})") from None
+    return None
+
+
+def resume_command(journal: RollingJournal) -> str:
+    opts = journal.options
+    parts = ["provision", journal.spec, "--rolling", "--resume"]
+    for flag, key in (("--overlay", "overlay"), ("--out", "out"), ("--max-wait", "max_wait"),
+                      ("--peers", "peers")):
+        if opts.get(key) is not None:
+            parts += [flag, f"{opts[key]:g}" if isinstance(opts[key], float) else str(opts[key])]
+    return " ".join(shlex.quote(p) for p in parts)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# judging a batch (pure)
+
+def batch_failures(report: VerifyReport, nodes: Sequence[str]) -> list[str]:
+    """Why verification fails the batch: errors and could-not-run results on its nodes or cluster-wide (a
+    finding on a peer alone, e.g. its older version in a rolling version change, does not count)."""
+    mine = set(nodes)
+    why: list[str] = []
+    for check in report.checks:
+        if check.error is not None and (check.node is None or check.node in mine):
+            why.append(f"{check.name} on {check.node or 'the batch'} could not run: {check.error}")
+        for f in check.findings:
+            if f.severity == "error" and (f.node is None or f.node in mine):
+                why.append(f"{f.location()}: {f.message}")
+    return why
+
+
+def pick_batch_peers(cluster: Cluster, batch: Sequence[str], done: Sequence[str], unhealthy: set[str],
+                     count: int = DEFAULT_PEERS) -> list[str]:
+    """Healthy GPU compute peers sharing a rail with the batch: from finished batches first, then the others,
+    more than ``count`` only to cover a rail; none for a batch without GPU compute nodes."""
+    me = [cluster.node(n) for n in batch]
+    if not any(n.gpu_count and "compute" in n.roles for n in me):
+        return []
+    rails = {p.rail for n in me for p in n.rail_ports if p.rail is not None}
+    order = {n: 0 for n in done}
+    pool = [n for n in cluster.nodes if n.name not in batch and n.name not in unhealthy and n.gpu_count
+            and "compute" in n.roles and rails & {p.rail for p in n.rail_ports}]
+    pool.sort(key=lambda n: order.get(n.name, 1))
+    chosen = pool[:max(0, count)]
+    for rail in sorted(rails):
+        if not any(rail in {p.rail for p in n.rail_ports} for n in chosen):
+            extra = next((n for n in pool if n not in chosen and rail in {p.rail for p in n.rail_ports}), None)
+            if extra is not None:
+                chosen.append(extra)
+    return [n.name for n in chosen]
+
+
+def verify_batch(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], directory: Path, progress: Progress,
+                 remote: Remote | None = None) -> VerifyReport:
+    """The batch against its peers, one merged report under ``directory`` (see the module docstring)."""
+    from provisioner.replace import sm_nodes, subset
+    from provisioner.verify import verify, write_reports
+
+    wanted = set(cluster.spec.verify.tests)
+    gpu = [n for n in nodes if cluster.node(n).gpu_count and "compute" in cluster.node(n).roles]
+    tests = ["links", "versions"]
+    if gpu and peers:
+        tests += [t for t in ("bandwidth", "nccl") if t in wanted]
+    names = [*nodes, *peers]
+    sms = [n for n in sm_nodes(cluster) if n in nodes]
+    if sms:
+        tests.append("sm")
+        names += [n for n in sm_nodes(cluster) if n not in names]
+    run = verify(subset(cluster, names), tests=tests, mode="full", remote=remote, state_dir=directory,
+                 write=False, progress=progress)
+    checks = list(run.report.checks)
+    if gpu and peers and "gpudirect" in wanted:
+        for node in gpu:
+            extra = verify(subset(cluster, [node, peers[0]]), tests=["gpudirect"], remote=remote,
+                           state_dir=directory, write=False, progress=progress)
+            checks += extra.report.checks
+    merged = replace(run.report, checks=tuple(checks), finished=datetime.now(UTC))
+    write_reports(merged, directory, run.inventory)
+    return merged
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the engine
+
+Converge = Callable[..., Any]
+Verifier = Callable[..., VerifyReport]
+
+
+@dataclass
+class Rolling:
+    """Runs the batches of one rolling journal; every collaborator is injectable for tests."""
+
+    spec: Path
+    cluster: Cluster
+    state_dir: Path
+    journal: RollingJournal
+    ctl: SlurmCtl | None
+    overlay: str | None = None
+    max_wait_s: float = DEFAULT_MAX_WAIT_S
+    peers: int = DEFAULT_PEERS
+    progress: Progress = lambda _m: None
+    reporter: Reporter = field(default_factory=NullReporter)
+    converge: Converge = provision_run
+    verifier: Verifier = verify_batch
+    remote: Remote | None = None
+    unhealthy: set[str] = field(default_factory=set)
+
+    def _save(self) -> None:
+        save(self.state_dir, self.journal)
+
+    def run(self) -> RollingJournal:
+        j = self.journal
+        total = len(j.batches)
+        for b in j.batches:
+            if b.status == "done":
+                continue
+            label = f"batch {b.index}/{total} {hostlist.compress(b.nodes)}"
+            try:
+                ok = self._batch(b, label, total)
+            except ProvisionerError as exc:
+                ok = False
+                self._fail(b, label, f"could not run: {exc}")
+            if not ok:
+                j.status, j.stop_reason = "stopped", f"{label}: {b.reason}"
+                break
+        else:
+            j.status = "passed"
+        j.ended = utcnow()
+        self._save()
+        return j
+
+    def _fail(self, b: BatchRecord, label: str, why: str) -> None:
+        b.status, b.reason, b.ended = "failed", why, utcnow()
+        self._save()
+        if b.drain and self.ctl is not None:
+            try:
+                self.ctl.drain(b.drain, f"provision rolling {self.journal.rolling_id} {label} failed: {why}")
+            except ProvisionerError as exc:
+                self.progress(f"{label}: could not set the drain reason: {exc}")
+        self.progress(f"{label}: FAILED: {why}")
+
+    def _batch(self, b: BatchRecord, label: str, total: int) -> bool:
+        rid = self.journal.rolling_id
+        b.started, b.reason = b.started or utcnow(), None
+        # 1. drain (and note the nodes someone else drained before this run: they stay drained)
+        if b.drain and self.ctl is not None:
+            b.status = "draining"
+            self._save()
+            if b.drained_at is None:
+                before = self.ctl.nodes(b.drain)
+                b.already_drained = {n: st.reason for n, st in before.items()
+                                     if st.drain and not st.reason.startswith(f"provision rolling {rid}")}
+            reason = f"provision rolling {rid} {label}: {', '.join(b.phases) or 'converge'}"
+            self.progress(f"{label}: drain {hostlist.compress(b.drain)} (Reason={reason_text(reason)})")
+            self.ctl.drain(b.drain, reason)
+            b.drained_at = b.drained_at or utcnow()
+            b.status = "waiting"
+            self._save()
+            busy = self.ctl.wait_idle(b.drain, self.max_wait_s,
+                                      progress=lambda m: self.progress(f"{label}: {m}"))
+            if busy:
+                jobs = ", ".join(f"{n} ({','.join(ids) or 'completing'})" for n, ids in sorted(busy.items()))
+                self._fail(b, label, f"jobs still running after --max-wait {self.max_wait_s:g} s on {jobs}")
+                return False
+            b.idle_at = utcnow()
+            self.progress(f"{label}: no job left on {hostlist.compress(b.drain)}")
+        # 2. converge the batch alone
+        b.status = "converging"
+        self._save()
+        self.progress(f"{label}: converge {','.join(b.phases)}")
+        extravars = {"nvidia_driver_allow_reboot": self.cluster.spec.reboot.allowed,
+                     "provisioner_reboot_serial": max(1, len(b.nodes))}
+        opts = RunOptions(only=list(b.phases), limit=hostlist.compress(b.nodes), overlay=self.overlay,
+                          extravars=extravars)
+        run = self.converge(self.spec, opts, state_dir=self.state_dir, reporter=self.reporter)
+        b.runs.append(run.run_id)
+        if run.status != "passed":
+            why = run.stop_reason or "; ".join(f"{h}: {sa.get('state')} in {sa.get('phase')}: {sa.get('reason')}"
+                                               for h, sa in run.set_aside.items()) or f"converge ended {run.status}"
+            self._fail(b, label, f"converge: {' '.join(why.split())}")
+            return False
+        # 3. verify against healthy peers
+        b.status = "verifying"
+        done = [n for x in self.journal.batches if x.status == "done" for n in x.nodes]
+        b.peers = pick_batch_peers(self.cluster, b.nodes, done, self.unhealthy, self.peers)
+        stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+        directory = self.state_dir / ROLLING_DIR / rid / f"batch{b.index}-{stamp}"
+        b.verify_dir = str(directory)
+        self._save()
+        self.progress(f"{label}: verify against {', '.join(b.peers) or 'no peer (links, versions)'}")
+        report = self.verifier(self.cluster, b.nodes, b.peers, directory, self.progress, remote=self.remote)
+        failures = batch_failures(report, b.nodes)
+        if failures:
+            more = f" (+{len(failures) - 1} more, see {directory})" if len(failures) > 1 else ""
+            self._fail(b, label, f"verify: {failures[0]}{more}")
+            return False
+        # 4. resume
+        back = [n for n in b.drain if n not in b.already_drained]
+        if back and self.ctl is not None:
+            self.progress(f"{label}: resume {hostlist.compress(back)}")
+            self.ctl.resume(back)
+        for n, why in sorted(b.already_drained.items()):
+            self.progress(f"{label}: {n} stays drained: it was drained before this run ({why})")
+        b.status, b.ended = "done", utcnow()
+        self._save()
+        return True
+
+
+def new_journal(plan: Plan, spec: str, options: Mapping[str, Any]) -> RollingJournal:
+    return RollingJournal(new_run_id(), plan.cluster, spec, dict(options),
+                          [BatchRecord.from_batch(b) for b in plan.batches])
+
+
+def summary_lines(journal: RollingJournal) -> list[str]:
+    """Per batch what happened, then how to resume a stopped run."""
+    lines = [f"rolling {journal.rolling_id}: {journal.status}"]
+    for b in journal.batches:
+        extra = f" ({b.note})" if b.note else ""
+        lines.append(f"  batch {b.index} {hostlist.compress(b.nodes)}{extra}: {b.status}"
+                     + (f": {b.reason}" if b.reason else "")
+                     + (f"; verified against {', '.join(b.peers)}" if b.status == "done" and b.peers else ""))
+    failed = journal.failed_batch
+    if journal.status != "passed" and failed is not None:
+        if failed.drain:
+            lines.append(f"{hostlist.compress(failed.drain)} stay(s) drained in Slurm with the reason above "
+                         "(scontrol show node); nothing after this batch was touched")
+        lines.append(f"fix it, then resume: {resume_command(journal)}")
+    return lines
+
+
+def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None,
+                batch: str | None = None, max_wait_s: float = DEFAULT_MAX_WAIT_S, peers: int = DEFAULT_PEERS,
+                resume: bool = False, progress: Progress = lambda _m: None, reporter: Reporter | None = None,
+                remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
+                converge: Converge = provision_run, verifier: Verifier = verify_batch) -> RollingJournal:
+    """A rolling run from the spec: plan it (or pick up the last stopped one with ``resume``), then run it."""
+    from provisioner.drift import fetch_manifests
+    from provisioner.plan import make_plan
+    from provisioner.remote import SshRemote, targets_from_cluster
+    from provisioner.replace import unhealthy_nodes
+    from provisioner.slurm.membership import current
+    from provisioner.spec import load_cluster
+
+    cluster, _ = load_cluster(spec, overlay)
+    sdir = state_dir or Path(".provision") / cluster.name
+    sdir.mkdir(parents=True, exist_ok=True)
+    remote = (remote_factory or SshRemote)(targets_from_cluster(cluster))
+    try:
+        ctl = SlurmCtl(remote, cluster.spec.slurm.controller) if cluster.spec.slurm else None
+        if resume:
+            journal = load_last(sdir)
+            if journal is None or journal.status == "passed":
+                raise UsageError("--rolling --resume: no stopped rolling run of this cluster",
+                                 hint="run with --rolling (without --resume) to plan a new one")
+            journal.status, journal.stop_reason, journal.ended = "running", None, None
+            journal.resumed.append(utcnow())
+            progress(f"resuming rolling {journal.rolling_id} at batch "
+                     f"{next(b.index for b in journal.batches if b.status != 'done')}")
+        else:
+            names = [n.name for n in cluster.nodes]
+            manifests, missing = fetch_manifests(remote, names)
+            membership = current(cluster, sdir)
+            plan = make_plan(cluster, manifests, missing, membership, batch=batch)
+            options = {"overlay": str(overlay) if overlay else None, "out": str(state_dir) if state_dir else None,
+                       "batch": plan.batch_size, "max_wait": max_wait_s, "peers": peers}
+            journal = new_journal(plan, str(spec), options)
+            progress(f"rolling {journal.rolling_id}: {len(journal.batches)} batch(es) of --batch {plan.batch_size}")
+        save(sdir, journal)
+        unhealthy = unhealthy_nodes(sdir) | set(current(cluster, sdir).failed)
+        engine = Rolling(spec, cluster, sdir, journal, ctl, overlay=str(overlay) if overlay else None,
+                         max_wait_s=max_wait_s, peers=peers, progress=progress,
+                         reporter=reporter or NullReporter(), converge=converge, verifier=verifier,
+                         remote=remote if remote_factory else None, unhealthy=unhealthy)
+        return engine.run()
+    finally:
+        close = getattr(remote, "close", None)
+        if callable(close):
+            close()

@@ -1,0 +1,1 @@
+"""Slurm: partition membership (spec and swaps), and the controller's commands (drain, resume, partitions)."""
