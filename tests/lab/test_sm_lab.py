@@ -38,7 +38,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = "smlab"
+CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "smlab")
 SMS = ("sm1", "sm2")
 GPUS = ("gpu01", "gpu02")
 TENANT_PKEY = "0x0002"
