@@ -11,8 +11,9 @@ manager's partition members, its own ``guid`` when the node is an SM) must follo
    the board serial (DMI, where readable) are read over SSH and recorded: the history says old → new.
 3. **Converge the node only**: the node phases of the run engine with ``--limit NODE``.
 4. **The SM side**: the fabric phase limited to the SM nodes. The opensm role reads the members' port GUIDs
-   live, so partitions.conf is re-rendered with the new ones and its handler restarts the SM only when the
-   configuration changed.
+   live, so partitions.conf is re-rendered with the new ones; a changed partitions.conf reaches the running SMs
+   by SIGHUP (a heavy sweep re-reads it), with no restart and no change of master. Only an opensm.conf option
+   that a running SM cannot take (e.g. the ``guid`` of a replaced SM node) restarts SMs, standbys first.
 5. **Verify the node against healthy peers**: links and versions on it, bandwidth against each peer on every
    rail (full mode on the small set, so each node–peer pair is measured), GPUDirect with a peer, NCCL across
    it and its peers. The report lands under ``<state>/replace/<node>/<time>/``.
@@ -65,8 +66,10 @@ SLURM_PHASE = "slurm"
 slurmd again."""
 SM_CONFIG_TASKS = frozenset({"Write opensm.conf", "Write partitions.conf"})
 """Task names of roles/opensm whose change means the SM's configuration changed."""
-SM_RESTART_HANDLER = "Restart opensm"
-"""The opensm role's only restart path (a handler, so it runs only when the configuration changed)."""
+SM_RESTART_TASK = "Restart opensm"
+"""The opensm role's only restart path (roles/opensm/tasks/restart_one.yml: one SM at a time, master last)."""
+SM_RELOAD_TASK = "Reload opensm (SIGHUP)"
+"""The opensm role's reload: a heavy sweep that re-reads partitions.conf and the runtime options."""
 FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 PROBE_TIMEOUT_S = 30.0
 DEFAULT_PEERS = 2
@@ -271,6 +274,7 @@ class ReplaceResult:
     journals: list[RunJournal] = field(default_factory=list)
     sm_config_changed: list[str] = field(default_factory=list)
     sm_restarted: list[str] = field(default_factory=list)
+    sm_reloaded: list[str] = field(default_factory=list)
     peers: list[str] = field(default_factory=list)
     report: VerifyReport | None = None
     report_dir: Path | None = None
@@ -290,12 +294,13 @@ class ReplaceResult:
 
 
 class _Capture:
-    """Passes events on to the live view and notes which SM hosts changed their config or restarted."""
+    """Passes events on to the live view and notes which SM hosts changed their config, reloaded or restarted."""
 
     def __init__(self, inner: Reporter) -> None:
         self.inner = inner
         self.config_changed: set[str] = set()
         self.restarted: set[str] = set()
+        self.reloaded: set[str] = set()
 
     def phase_started(self, name: str, hosts: Sequence[str]) -> None:
         self.inner.phase_started(name, hosts)
@@ -308,8 +313,10 @@ class _Capture:
             task = str(data.get("task") or "")
             if task in SM_CONFIG_TASKS:
                 self.config_changed.add(str(data["host"]))
-            elif task == SM_RESTART_HANDLER:
+            elif task == SM_RESTART_TASK:
                 self.restarted.add(str(data["host"]))
+            elif task == SM_RELOAD_TASK:
+                self.reloaded.add(str(data["host"]))
         self.inner.event(phase, event)
 
     def phase_finished(self, record: PhaseRecord) -> None:
@@ -482,6 +489,7 @@ def replace_node(
             break
     result.sm_config_changed = sorted(capture.config_changed)
     result.sm_restarted = sorted(capture.restarted)
+    result.sm_reloaded = sorted(capture.reloaded)
     if result.stopped is not None:
         return result
 
@@ -537,9 +545,10 @@ def summary_lines(result: ReplaceResult) -> list[str]:
     lines += [f"  not readable: {u}" for u in r.observation.unreadable]
     for name, hosts, status in r.phases:
         lines.append(f"  {name} ({hosts}): {status.replace('_', ' ')}")
-    if r.sm_config_changed or r.sm_restarted:
+    if r.sm_config_changed or r.sm_restarted or r.sm_reloaded:
         lines.append(f"  SM config changed on {', '.join(r.sm_config_changed) or '-'}; "
-                     f"SM restarted on {', '.join(r.sm_restarted) or '-'}")
+                     f"reloaded (SIGHUP) on {', '.join(r.sm_reloaded) or '-'}; "
+                     f"restarted on {', '.join(r.sm_restarted) or '-'}")
     if r.stopped:
         lines.append(f"stopped: {r.stopped}")
         return lines

@@ -224,7 +224,7 @@ class SubnetManager(Strict):
     nodes: list[SmNode] = Field(default_factory=list, description="Host SMs and their priorities.")
     switch: HostName | None = Field(None, description="Switch running the SM when kind is switch.")
     routing_engines: list[Annotated[str, StringConstraints(pattern=r"^[a-z_0-9]{2,16}$")]] | None = Field(
-        None, description="routing_engine fallback list; ar_updn,updn with adaptive routing, else updn.")
+        None, description="routing_engine fallback list; ar_updn with adaptive routing, else the SM's default.")
     adaptive_routing: bool = Field(False, description="Enable adaptive routing (ar_* engines).")
     handover: bool = Field(False, description="A returning higher-priority SM takes mastership back.")
 

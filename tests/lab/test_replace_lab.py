@@ -4,9 +4,9 @@ The lab is converged with the run engine (all node phases and the fabric phase),
 then a `hardware_swap` fault gives gpu01 new GUIDs, serials and SSH host keys. What must hold:
 a plain verify and a plain run refuse the changed key; replace-node without a flag refuses and shows the new
 fingerprint, changing nothing; with `--accept-new-host-key` it converges gpu01 alone, re-renders the SM's
-partitions.conf with the new GUIDs (and nothing else in it), restarts the SM, the partition still admits
-gpu01, verification passes, and gpu02 and sm1 are unchanged (every file under /etc: content, size and mtime;
-every package version).
+partitions.conf with the new GUIDs (and nothing else in it), reloads the SM with SIGHUP (no restart, no change
+of master: the simulated SM's sm/history.json counts), the partition still admits gpu01, verification passes,
+and gpu02 and sm1 are unchanged (every file under /etc: content, size and mtime; every package version).
 
 Slow on 2 shared cores (several minutes: a whole converge of 3 nodes, then one node again).
 Run: ``PROVISIONER_LAB_TEST_CLUSTER=replace pytest -m lab tests/lab/test_replace_lab.py`` (root, podman).
@@ -30,7 +30,7 @@ from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
 from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
 from provisioner.lab.host import ensure_containers_conf, podman
 from provisioner.lab.names import container_name
-from provisioner.lab.simtools import fabsim_reach
+from provisioner.lab.simtools import fabsim_reach, fabsim_sm
 from provisioner.phases import RunOptions, provision_run
 from provisioner.remote import SshRemote, targets_from_cluster
 from provisioner.replace import HostKeyRefused, observe, replace_node, summary_lines
@@ -165,6 +165,7 @@ def test_replace_node_after_a_hardware_swap(lab: LabInfo, spec: Path, tmp_path: 
     parts_before = sh(SM, "cat /etc/opensm/partitions.conf")
     conf_before = sh(SM, "cat /etc/opensm/opensm.conf")
     service_before = sm_service()
+    history_before = fabsim_sm.load_history(root)
     kh = Path(targets[NODE].known_hosts)
     kh_before = kh.read_text()
     for guid in (old.guids["mlx5_0/1"], old.guids["mlx5_1/1"]):
@@ -205,17 +206,21 @@ def test_replace_node_after_a_hardware_swap(lab: LabInfo, spec: Path, tmp_path: 
     assert ("serial", "gpu0") in changes and changes[("host_key", "ssh-ed25519")][1] == new_fp
     assert "# replaced " in kh.read_text() and new_fp not in kh_before
 
-    # the SM: new GUIDs in partitions.conf, nothing else in it changed, opensm.conf untouched, SM restarted
+    # the SM: new GUIDs in partitions.conf, nothing else in it changed, opensm.conf untouched, SM reloaded
     parts_after = sh(SM, "cat /etc/opensm/partitions.conf")
     expected = parts_before
     for key in swapped:
         expected = expected.replace(old.guids[key], new.guids[key])
     assert parts_after == expected and parts_after != parts_before
     assert sh(SM, "cat /etc/opensm/opensm.conf") == conf_before
-    assert result.sm_config_changed == [SM] and result.sm_restarted == [SM]
+    assert result.sm_config_changed == [SM] and result.sm_reloaded == [SM] and result.sm_restarted == []
     service_after = sm_service()
     assert service_after["ActiveState"] == "active"
-    assert service_after["MainPID"] != service_before["MainPID"]
+    assert service_after["MainPID"] == service_before["MainPID"]  # the same opensm, never stopped
+    history = fabsim_sm.load_history(root)
+    assert history["restarts"] == history_before["restarts"], history["events"][-8:]
+    assert history["mastership_changes"] == history_before["mastership_changes"]
+    assert history["outages"] == history_before["outages"]
 
     # the partition still admits gpu01 (as enforced by the master SM now)
     wait_for("the SM to enforce the new partitions", lambda: fabsim_reach.can_reach(

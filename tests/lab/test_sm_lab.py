@@ -1,5 +1,6 @@
-"""The opensm role on a small lab (2 SM nodes + 2 GPU nodes): election, failover, handover,
-partition isolation.
+"""The opensm role on a small lab (2 SM nodes + 2 GPU nodes): election, partition isolation, changes
+without outages (a partition edit is a SIGHUP; an option that needs a restart restarts the standby, then the
+master, one at a time; sm/history.json of the simulated SM counts), failover, handover.
 
 The role runs with ansible-playbook from the venv over real SSH (the lab's known_hosts,
 StrictHostKeyChecking=yes).  Tests run in file order and share the lab (module scope); waits
@@ -29,7 +30,7 @@ from provisioner.lab.hardware import LabHca, LabNodeSpec
 from provisioner.lab.host import podman
 from provisioner.lab.names import container_name
 from provisioner.lab.packages import VendorVersions
-from provisioner.lab.simtools import fabsim_reach, labstate
+from provisioner.lab.simtools import fabsim_reach, fabsim_sm, labstate
 
 pytestmark = [
     pytest.mark.lab,
@@ -37,7 +38,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = "smlab"
+CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "smlab")
 SMS = ("sm1", "sm2")
 GPUS = ("gpu01", "gpu02")
 TENANT_PKEY = "0x0002"
@@ -171,6 +172,65 @@ def test_partition_isolation(lab: Lab) -> None:
     assert fabsim_reach.can_reach(parts, "0x7fff", gpu02, gpu01, sm_guid=sm1)
 
 
+def _history(lab: Lab) -> dict[str, Any]:
+    return fabsim_sm.load_history(lab.root)
+
+
+def _no_config_drift(lab: Lab) -> None:
+    """Every running SM runs with what its opensm.conf says (no change left waiting for a restart)."""
+    for host in SMS:
+        record = json.loads(Path(lab.root, "sm", f"{_guid(lab, host)}.json").read_text())
+        text = sh(host, "cat /etc/opensm/opensm.conf").stdout
+        assert fabsim_sm.config_drift(record["config"], text, upstream=False) == [], host
+
+
+EXTRA: dict[str, Any] = {}
+"""Variables the later converges keep passing (-e), so each test changes one thing."""
+
+
+def test_partition_edit_is_a_sighup_not_a_restart(lab: Lab) -> None:
+    """A new partition reaches the running master by SIGHUP: no restart, no new master, the partition in force."""
+    before = _history(lab)
+    EXTRA["opensm_partitions"] = [
+        {"name": "tenant_a", "pkey": TENANT_PKEY, "membership": "full", "members": ["gpu01"], "ipoib": True},
+        {"name": "tenant_b", "pkey": "0x0003", "membership": "full", "members": ["gpu02"], "ipoib": True},
+    ]
+    done = converge(lab, "-e", json.dumps(EXTRA))
+    assert done.returncode == 0, done.stdout[-4000:]
+    after = _history(lab)
+    assert after["restarts"] == before["restarts"], after["events"][-8:]
+    assert after["mastership_changes"] == before["mastership_changes"]
+    sm1 = _guid(lab, "sm1")
+    assert after["reloads"].get(sm1, 0) == before["reloads"].get(sm1, 0) + 1
+    tenant_b = next(p for p in fabsim_reach.load_partitions(lab.root) if p["name"] == "tenant_b")
+    assert [sm.norm_guid(m["member"]) for m in tenant_b["members"]] == [_guid(lab, "gpu02")]
+    _no_config_drift(lab)
+
+
+def test_option_needing_a_restart_rolls_standby_then_master(lab: Lab) -> None:
+    """root_guid_file cannot change at runtime: both SMs restart, sm2 (standby) first, never both down."""
+    before = _history(lab)
+    for host in SMS:
+        assert sh(host, "touch /etc/opensm/root_guids.conf").returncode == 0
+    EXTRA["opensm_root_guid_file"] = "/etc/opensm/root_guids.conf"
+    done = converge(lab, "-e", json.dumps(EXTRA))
+    assert done.returncode == 0, done.stdout[-4000:]
+    after = _history(lab)
+    sm1, sm2 = _guid(lab, "sm1"), _guid(lab, "sm2")
+    restarted = {g: after["restarts"].get(g, 0) - before["restarts"].get(g, 0) for g in (sm1, sm2)}
+    assert restarted == {sm1: 1, sm2: 1}, after["events"][-12:]
+    events = [(e["guid"], e["event"]) for e in after["events"] if e["seq"] > before.get("seq", 0)]
+    ups_downs = [ev for ev in events if ev[1] in ("stop", "start")]
+    assert ups_downs == [(sm2, "stop"), (sm2, "start"), (sm1, "stop"), (sm1, "start")], events
+    # the standby was back in the election before the master went
+    assert events.index((sm2, "standby")) < events.index((sm1, "stop")), events
+    assert after["outages"] == before["outages"]
+    assert after["mastership_changes"] - before["mastership_changes"] <= 2  # to sm2 while sm1 restarts, and back
+    master = _master_seen_from("gpu02")
+    assert master is not None and (master.guid, master.priority) == (sm1, 15)
+    _no_config_drift(lab)
+
+
 def test_master_killed_standby_takes_over_ports_stay_active(lab: Lab) -> None:
     faults.inject(lab.root, "sm1", "sm_killed", unit="opensmd")
 
@@ -183,7 +243,7 @@ def test_master_killed_standby_takes_over_ports_stay_active(lab: Lab) -> None:
 
 
 def test_returning_master_stays_standby_without_handover(lab: Lab) -> None:
-    done = converge(lab)
+    done = converge(lab, "-e", json.dumps(EXTRA))
     assert done.returncode == 0, done.stdout[-4000:]
     master = _master_seen_from("gpu01")
     assert master is not None and master.guid == _guid(lab, "sm2")
@@ -192,9 +252,15 @@ def test_returning_master_stays_standby_without_handover(lab: Lab) -> None:
 
 
 def test_handover_true_gives_the_master_role_back(lab: Lab) -> None:
-    done = converge(lab, "-e", json.dumps({"opensm_handover": True}))
+    before = _history(lab)
+    done = converge(lab, "-e", json.dumps({**EXTRA, "opensm_handover": True}))
     assert done.returncode == 0, done.stdout[-4000:]
     master = _master_seen_from("gpu01")
     assert master is not None and (master.guid, master.priority) == (_guid(lab, "sm1"), 15)
     assert all(_port_state(lab, h) == "active" for h in SMS + GPUS)
+    # sm_priority can change at runtime: SIGHUP, and the master hands over to the SM that now outranks it
+    after = _history(lab)
+    assert after["restarts"] == before["restarts"] and after["outages"] == before["outages"]
+    assert after["mastership_changes"] == before["mastership_changes"] + 1
+    _no_config_drift(lab)
     faults.clear(lab.root, "sm1", "sm_killed")  # the unit already runs: clearing only forgets the record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -72,10 +73,26 @@ def test_inventory_groups_and_vars() -> None:
     assert "nfs_client_mounts" not in inv.hostvars["sm1"]  # empty lists are left to the role defaults
     assert inv.hostvars["sm1"]["opensm_priority"] == 15 and inv.hostvars["sm1"]["opensm_device"] == "mlx5_0"
     allv = inv.groupvars["all"]
-    assert allv["opensm_routing_engines"] == ["ar_updn", "updn"]
+    assert allv["opensm_routing_engines"] == ["ar_updn"]  # what the spec asks for, no updn fallback added
     assert allv["opensm_partitions"][0] == {"name": "training", "pkey": "0x0001", "membership": "full",
                                             "members": [f"gpu0{i}" for i in range(1, 9)], "ipoib": True}
     assert "StrictHostKeyChecking=yes" in allv["ansible_ssh_common_args"]
+
+
+def test_no_routing_asked_leaves_the_sm_default() -> None:
+    """Neither routing_engines nor adaptive_routing: no routing_engine is written (NVIDIA's opensm: ar_updn)."""
+    cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
+    sm = cluster.spec.fabric.subnet_manager
+    assert sm is not None
+    plain = sm.model_copy(update={"adaptive_routing": False, "routing_engines": None})
+    fabric = cluster.spec.fabric.model_copy(update={"subnet_manager": plain})
+    cluster = replace(cluster, spec=cluster.spec.model_copy(update={"fabric": fabric}))
+    allv = build_inventory(cluster).groupvars["all"]
+    assert allv["opensm_routing_engines"] == [] and allv["opensm_adaptive_routing"] is False
+    chosen = sm.model_copy(update={"adaptive_routing": False, "routing_engines": ["ftree", "updn"]})
+    fabric = cluster.spec.fabric.model_copy(update={"subnet_manager": chosen})
+    cluster = replace(cluster, spec=cluster.spec.model_copy(update={"fabric": fabric}))
+    assert build_inventory(cluster).groupvars["all"]["opensm_routing_engines"] == ["ftree", "updn"]
 
 
 def test_ansible_reads_the_rendered_inventory(tmp_path: Path) -> None:

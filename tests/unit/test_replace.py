@@ -347,7 +347,9 @@ def test_capture_notes_sm_config_change_and_restart() -> None:
     cap.event("fabric", ev("Write opensm.conf", "sm2", False))
     cap.event("fabric", ev("Restart opensm", "sm1", True))
     cap.event("ofed", ev("Restart opensm", "gpu01", True))  # not the fabric phase
-    assert cap.config_changed == {"sm1"} and cap.restarted == {"sm1"}
+    cap.event("fabric", ev("Reload opensm (SIGHUP)", "sm2", True))
+    cap.event("fabric", ev("Reload opensm (SIGHUP)", "sm1", False, "runner_on_skipped"))
+    assert cap.config_changed == {"sm1"} and cap.restarted == {"sm1"} and cap.reloaded == {"sm2"}
 
 
 # ---------------------------------------------------------------- the whole command, scripted

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -659,6 +660,115 @@ def test_opensm_unknown_guid_exits_and_upstream_has_no_ar(lab: Path) -> None:
     assert ' Unrecognized token: "enable_inc_mc_routing"' in res.stdout
     assert sm_master(lab)["routing_engine"] == "minhop"
     assert "cannot find or setup routing engine 'ar_updn'" in (lab.parent / "u.log").read_text()
+
+
+def sm_record(lab: Path, host: str) -> dict[str, Any]:
+    """The heartbeat record of the SM running on ``host`` (empty when none)."""
+    guid = f"0x{int(labstate.load_node(str(lab), host)['hcas'][0]['port_guid'], 16):016x}"
+    try:
+        data: dict[str, Any] = json.loads((lab / "sm" / f"{guid}.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return data
+
+
+def ticks_pass(lab: Path, host: str, count: int = 3) -> bool:
+    """Wait until the SM on ``host`` has run ``count`` more sweeps (its activity count moved on)."""
+    start = int(sm_record(lab, host).get("activity_count", 0))
+    return wait_for(lambda: int(sm_record(lab, host).get("activity_count", 0)) >= start + count)
+
+
+def test_opensm_sighup_rereads_partitions_and_only_runtime_options(lab: Path) -> None:
+    """SIGHUP = heavy sweep: partitions.conf re-read, opensm.conf rescanned for can_update options only."""
+    g1 = labstate.load_node(str(lab), "gpu01")["hcas"][0]["port_guid"]
+    parts = lab.parent / "partitions.conf"
+    parts.write_text("Default=0x7fff, ipoib : ALL=full ;\n")
+    base = f"guid {g1}\nsm_priority 10\nlmc 0\nrouting_engine updn\npartition_config_file {parts}\n"
+    proc = start_sm(lab, "gpu01", base)
+    try:
+        assert wait_for(lambda: sm_record(lab, "gpu01").get("state") == "master")
+        assert wait_for(lambda: (lab / "sm" / "partitions.json").exists())
+        parts.write_text("Default=0x7fff, ipoib : ALL=full ;\ntenant=0x8001 : ALL=full ;\n")
+        assert ticks_pass(lab, "gpu01")  # light sweeps do not read partitions.conf
+        assert [p["name"] for p in json.loads((lab / "sm" / "partitions.json").read_text())] == ["Default"]
+        conf = lab.parent / "opensm-gpu01.conf"
+        conf.write_text(base.replace("sm_priority 10", "sm_priority 12").replace("lmc 0", "lmc 1")
+                        .replace("routing_engine updn", "routing_engine ar_updn"))
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: [p["name"] for p in json.loads((lab / "sm" / "partitions.json").read_text())]
+                        == ["Default", "tenant"])
+        assert wait_for(lambda: sm_record(lab, "gpu01").get("priority") == 12)
+        record = sm_record(lab, "gpu01")
+        assert record["routing_engine"] == "ar_updn"  # NVIDIA's opensm takes a new engine on HUP
+        assert fabsim_sm.config_drift(record["config"], conf.read_text(), upstream=False) == ["lmc"]
+        hist = fabsim_sm.load_history(str(lab))
+        assert hist["reloads"] == {record["guid"]: 1} and hist["restarts"] == {}
+        assert hist["mastership_changes"] == 0
+        assert proc.poll() is None  # HUP does not end the daemon
+    finally:
+        stop(proc)
+    log = (lab.parent / "gpu01.log").read_text()
+    assert log.count("-> SUBNET UP") == 2 and "0x02 -> SUBNET UP" in log
+    assert "0x02 -> osm_ucast_mgr_process: ar_updn tables configured on all switches" in log
+
+
+def test_upstream_opensm_keeps_its_routing_engine_on_sighup(lab: Path) -> None:
+    g1 = labstate.load_node(str(lab), "gpu01")["hcas"][0]["port_guid"]
+    up = {"PROVISIONER_LAB_OPENSM_FLAVOR": "upstream"}
+    proc = start_sm(lab, "gpu01", f"guid {g1}\nrouting_engine minhop\n", **up)
+    try:
+        assert wait_for(lambda: sm_record(lab, "gpu01").get("state") == "master")
+        conf = lab.parent / "opensm-gpu01.conf"
+        conf.write_text(f"guid {g1}\nrouting_engine updn\n")
+        proc.send_signal(signal.SIGHUP)
+        assert wait_for(lambda: fabsim_sm.load_history(str(lab))["reloads"])
+        assert ticks_pass(lab, "gpu01", 1)
+        record = sm_record(lab, "gpu01")
+        assert record["routing_engine"] == "minhop"  # can_update 0 in osm_subnet.c: a restart is needed
+        assert fabsim_sm.config_drift(record["config"], conf.read_text(), upstream=True) == ["routing_engine"]
+    finally:
+        stop(proc)
+
+
+def test_default_routing_engine_is_the_builds_own(lab: Path) -> None:
+    """No routing_engine: NVIDIA's opensm (5.10 on) routes with ar_updn, upstream with minhop."""
+    path = lab.parent / "none.conf"
+    path.write_text("sm_priority 1\n")
+    for env, engine in (({}, "ar_updn"), ({"PROVISIONER_LAB_OPENSM_FLAVOR": "upstream"}, "minhop")):
+        res = run_tool(lab, "gpu01", "opensm", "-F", str(path), "-o", "-f", str(lab.parent / "d.log"), **env)
+        assert res.returncode == 0, res.stderr
+        assert sm_master(lab)["routing_engine"] == engine
+    (lab.parent / "lib" / "opensm.version").write_text("5.9.0.MLNX20210617.e0fd7ba\n")
+    run_tool(lab, "gpu01", "opensm", "-F", str(path), "-o", "-f", str(lab.parent / "d.log"))
+    assert sm_master(lab)["routing_engine"] == "minhop"
+
+
+def test_history_counts_restarts_mastership_changes_and_outages(lab: Path) -> None:
+    g1 = labstate.load_node(str(lab), "gpu01")["hcas"][0]["port_guid"]
+    g2 = labstate.load_node(str(lab), "gpu02")["hcas"][0]["port_guid"]
+    master_conf, standby_conf = f"guid {g1}\nsm_priority 14\n", f"guid {g2}\nsm_priority 10\n"
+    high = start_sm(lab, "gpu01", master_conf)
+    assert wait_for(lambda: sm_record(lab, "gpu01").get("state") == "master")
+    low = start_sm(lab, "gpu02", standby_conf)
+    try:
+        assert wait_for(lambda: sm_record(lab, "gpu02").get("state") == "standby")
+        stop(low)  # standby first ...
+        low = start_sm(lab, "gpu02", standby_conf)
+        assert wait_for(lambda: sm_record(lab, "gpu02").get("state") == "standby")
+        stop(high)  # ... then the master: the standby takes over, the master takes back
+        assert wait_for(lambda: sm_master(lab).get("guid") == sm_record(lab, "gpu02").get("guid"))
+        high = start_sm(lab, "gpu01", master_conf)
+        assert wait_for(lambda: sm_master(lab).get("guid") == sm_record(lab, "gpu01").get("guid"))
+        hist = fabsim_sm.load_history(str(lab))
+        guids = {h: sm_record(lab, h)["guid"] for h in ("gpu01", "gpu02")}
+        assert hist["restarts"] == {guids["gpu01"]: 1, guids["gpu02"]: 1}
+        assert hist["mastership_changes"] == 2 and hist["outages"] == 0
+        order = [(e["host"], e["event"]) for e in hist["events"] if e["event"] in ("start", "stop")]
+        assert order[2:] == [("gpu02", "stop"), ("gpu02", "start"), ("gpu01", "stop"), ("gpu01", "start")]
+    finally:
+        stop(low)
+        stop(high)
+    assert fabsim_sm.load_history(str(lab))["outages"] == 1  # the last SM to stop leaves the fabric without one
 
 
 def test_sminfo_without_sm_times_out(lab: Path) -> None:

@@ -3,7 +3,13 @@
 
 State lives in ``<lab root>/sm/``: one ``<port guid>.json`` heartbeat per running SM,
 ``sm.json`` (the master: guid, lid, priority, state, routing engine), ``lids.json``
-(LID per port GUID, stable across sweeps and failovers) and ``partitions.json``.
+(LID per port GUID, stable across sweeps and failovers), ``partitions.json`` (what the master
+read from partitions.conf at its last heavy sweep) and ``history.json`` (starts, restarts,
+SIGHUP reloads, mastership changes and outages, with an event list; see ``record_event``).
+
+SIGHUP forces a heavy sweep that re-reads opensm.conf (only the runtime-changeable options take
+effect) and, on the master, partitions.conf -- like main.c/osm_state_mgr.c of linux-rdma/opensm.
+With no ``routing_engine`` NVIDIA's build (5.10 on) routes with ar_updn, upstream with minhop.
 
 Config parsing mimics what Debian's opensm 3.3.23 really prints and does (checked by
 running the binary with ``-F``): an unknown key prints `` Unrecognized token: "key"``
@@ -20,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import signal
 import sys
 import time
@@ -241,6 +248,34 @@ UPSTREAM_ENGINES = frozenset(
 NVIDIA_ENGINES = UPSTREAM_ENGINES | frozenset(
     ["ar_updn", "ar_ftree", "ar_torus", "ar_dor", "pqft", "chain", "dfp", "dfp2"]
 )
+# Options a running opensm does NOT take from a re-read opensm.conf: the entries with can_update 0 in
+# opt_tbl[] of opensm/osm_subnet.c at OpenSM 3.3.23 (linux-rdma/opensm commit 9780560e).  On every heavy
+# sweep (and SIGHUP forces one) osm_subn_rescan_conf_files() re-reads the file and skips these
+# (``if (!r->can_update) continue;``), so a change to any of them needs a restart.  Every other upstream
+# key is applied by the rescan (sm_priority through opts_setup_sm_priority -> osm_set_sm_priority).
+RESTART_ONLY_KEYS = frozenset(
+    [
+        "guid", "subnet_prefix", "console", "console_port", "transaction_timeout", "transaction_retries",
+        "long_transaction_timeout", "lmc", "lmc_esp0", "single_thread", "port_prof_ignore_file", "hop_weights_file",
+        "dimn_ports_file", "port_search_ordering_file", "routing_engine", "avoid_throttled_links",
+        "use_ucast_cache", "log_file", "partition_config_file", "allow_both_pkeys", "qos_policy_file",
+        "dump_files_dir", "lid_matrix_dump_file", "lfts_file", "root_guid_file", "cn_guid_file", "io_guid_file",
+        "max_reverse_hops", "ids_guid_file", "guid_routing_order_file", "guid_routing_order_no_scatter",
+        "sa_db_file", "daemon", "perfmgr", "perfmgr_redir", "perfmgr_sweep_time_s",
+        "perfmgr_max_outstanding_queries", "perfmgr_ignore_cas", "event_db_dump_file", "perfmgr_rm_nodes",
+        "perfmgr_log_errors", "perfmgr_query_cpi", "perfmgr_xmit_wait_log", "perfmgr_xmit_wait_threshold",
+        "event_plugin_name", "event_plugin_options", "node_name_map_name", "cc_key", "cc_max_outstanding_mads",
+        "prefix_routes_file", "nue_include_switches", "per_module_logging_file"
+    ]
+)
+# NVIDIA's opensm takes a new routing_engine on SIGHUP: NVIDIA "InfiniBand Cluster Bring-up Procedure",
+# Adaptive Routing: change routing_engine to a non-AR engine, then "After changes in the opensm.conf file should
+# run the "pkill -HUP opensm" bash command".  Its own keys (NVIDIA_KEYS) have no public can_update table: the
+# lab treats them as restart-only.
+NVIDIA_RELOADABLE_KEYS = frozenset({"routing_engine"})
+NVIDIA_AR_UPDN_DEFAULT_SINCE = (5, 10)
+"""MLNXSM release notes v5.10.0, Changes and New Features: "Changed the default routing engine to be ar_updn
+instead of minhop" (docs.nvidia.com/networking/display/MLNXSMRNv510/Changes+and+New+Features)."""
 NUMERIC_RANGES: dict[str, tuple[int, int]] = {"sm_priority": (0, 15), "lmc": (0, 7)}
 NUMERIC_KEYS = frozenset(
     {
@@ -292,6 +327,8 @@ def version() -> str:
 class Config:
     values: dict[str, str] = field(default_factory=lambda: dict(DEFAULTS))
     messages: list[str] = field(default_factory=list)
+    from_file: list[str] = field(default_factory=list)
+    """Keys the file set (a valid value on a line of their own), in file order."""
 
 
 def parse_config(text: str, upstream: bool) -> Config:
@@ -325,7 +362,56 @@ def parse_config(text: str, upstream: bool) -> Config:
         elif cfg.values.get(key) != value:
             cfg.messages.append(f" Loading Cached Option:{key} = {value}")
         cfg.values[key] = value
+        if key not in cfg.from_file:
+            cfg.from_file.append(key)
     return cfg
+
+
+def reloadable(key: str, upstream: bool) -> bool:
+    """Whether a running opensm applies a new value of ``key`` when it re-reads opensm.conf (SIGHUP)."""
+    if key not in UPSTREAM_KEYS:
+        return False  # NVIDIA's own keys: no public can_update table, so a restart (see NVIDIA_RELOADABLE_KEYS)
+    if not upstream and key in NVIDIA_RELOADABLE_KEYS:
+        return True
+    return key not in RESTART_ONLY_KEYS
+
+
+def rescan(cfg: Config, loaded: dict[str, str], text: str, upstream: bool) -> list[str]:
+    """osm_subn_rescan_conf_files(): apply the file's reloadable keys to the running ``cfg``; the keys changed.
+
+    Like the real rescan, only keys present in the file are looked at: a line removed from the file leaves
+    the running value as it was.  ``loaded`` (what the SM took from the file) is updated alongside.
+    """
+    fresh = parse_config(text, upstream)
+    changed = []
+    for key in fresh.from_file:
+        value = fresh.values[key]
+        if reloadable(key, upstream) and cfg.values.get(key) != value:
+            cfg.values[key] = value
+            changed.append(key)
+        if reloadable(key, upstream):
+            loaded[key] = value
+    return changed
+
+
+def config_drift(loaded: dict[str, str], text: str, upstream: bool) -> list[str]:
+    """Keys whose value in opensm.conf ``text`` differs from what the running SM took from its file.
+
+    ``loaded`` is the ``config`` of the SM's heartbeat record.  A non-empty answer after a configuration run
+    means the SM runs with settings the file no longer has: it needed a restart (or a SIGHUP) it did not get.
+    """
+    fresh = parse_config(text, upstream)
+    running = {**DEFAULTS, **loaded}
+    keys = set(loaded) | set(fresh.from_file)
+    return sorted(k for k in keys if fresh.values.get(k) != running.get(k))
+
+
+def default_engines(upstream: bool) -> list[str]:
+    """The engine used when opensm.conf names none: minhop upstream, ar_updn in NVIDIA's opensm since 5.10."""
+    if upstream:
+        return []
+    nums = [int(n) for n in re.findall(r"\d+", version())[:2]]
+    return ["ar_updn"] if tuple(nums) >= NVIDIA_AR_UPDN_DEFAULT_SINCE else []
 
 
 def routing_engines(cfg: Config, upstream: bool) -> tuple[list[str], list[str]]:
@@ -335,6 +421,7 @@ def routing_engines(cfg: Config, upstream: bool) -> tuple[list[str], list[str]]:
     default log flags (0x03) do not show, so only the failures are returned.
     """
     wanted = [e for e in cfg.values.get("routing_engine", "").split(",") if e and e != "(null)"]
+    wanted = wanted or default_engines(upstream)
     known = UPSTREAM_ENGINES if upstream else NVIDIA_ENGINES
     used, logs = [], []
     for engine in wanted:
@@ -556,6 +643,7 @@ def opensm_run(argv: Sequence[str], out: TextIO) -> int:
         with open(conf_path, encoding="utf-8") as handle:
             text = handle.read()
     cfg = parse_config(text, upstream)
+    loaded = {key: cfg.values[key] for key in cfg.from_file}
     for msg in cfg.messages:
         print(msg, file=out)
     print("Command Line Arguments:", file=out)
@@ -599,27 +687,127 @@ def opensm_run(argv: Sequence[str], out: TextIO) -> int:
         print(f"Using default GUID 0x{common.guid_int(port.get('port_guid')):x}", file=out, flush=True)
     if "daemon" in opts and os.fork() > 0:
         return 0
-    return _loop(root, host, port, cfg, upstream, log_path, "once" in opts)
+    return _loop(root, host, port, _Running(cfg, loaded, conf_path), upstream, log_path, "once" in opts)
 
 
-def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: bool, log_path: str, once: bool) -> int:
+HISTORY_EVENTS_KEPT = 500
+
+
+def record_event(sm_dir: str, guid: str, host: str, event: str, now: float | None = None,
+                 outage: bool = False) -> dict[str, Any]:
+    """Append one SM event to ``sm/history.json`` and update its counters; call with ``sm/.lock`` held.
+
+    Events: ``start``, ``stop``, ``reload`` (SIGHUP), ``master`` (entered MASTER state), ``standby``.
+    Counters: ``starts``/``restarts``/``reloads`` per port GUID (a restart is any start of a GUID that ran
+    before), ``mastership_changes`` (MASTER entered by another GUID than the last master) and ``outages``
+    (an SM stopped and no other SM was running).
+    """
+    path = os.path.join(sm_dir, "history.json")
+    hist: dict[str, Any] = _read_json(path, {})
+    for key in ("starts", "restarts", "reloads"):
+        hist.setdefault(key, {})
+    hist.setdefault("mastership_changes", 0)
+    hist.setdefault("outages", 0)
+    events: list[dict[str, Any]] = hist.setdefault("events", [])
+    seq = int(hist.get("seq", 0)) + 1
+    hist["seq"] = seq
+    if event == "start":
+        if hist["starts"].get(guid):
+            hist["restarts"][guid] = int(hist["restarts"].get(guid, 0)) + 1
+        hist["starts"][guid] = int(hist["starts"].get(guid, 0)) + 1
+    elif event == "reload":
+        hist["reloads"][guid] = int(hist["reloads"].get(guid, 0)) + 1
+    elif event == "stop" and outage:
+        hist["outages"] = int(hist["outages"]) + 1
+    elif event == "master":
+        if hist.get("master") not in (None, guid):
+            hist["mastership_changes"] = int(hist["mastership_changes"]) + 1
+        hist["master"] = guid
+    entry = {"seq": seq, "time": time.time() if now is None else now, "guid": guid, "host": host, "event": event}
+    if outage:
+        entry["outage"] = True
+    events.append(entry)
+    del events[:-HISTORY_EVENTS_KEPT]
+    labstate.atomic_write(path, json.dumps(hist, sort_keys=True) + "\n")
+    return hist
+
+
+def load_history(root: str) -> dict[str, Any]:
+    """``sm/history.json`` (empty counters when no SM has run)."""
+    hist: dict[str, Any] = _read_json(os.path.join(root, "sm", "history.json"), {})
+    for key in ("starts", "restarts", "reloads"):
+        hist.setdefault(key, {})
+    hist.setdefault("mastership_changes", 0)
+    hist.setdefault("outages", 0)
+    hist.setdefault("events", [])
+    return hist
+
+
+@dataclass
+class _Running:
+    """What a running SM holds between sweeps."""
+
+    cfg: Config
+    loaded: dict[str, str]
+    conf_path: str
+    engines: list[str] = field(default_factory=list)
+    engine_logs: list[str] = field(default_factory=list)
+    hup: bool = False
+    reopen_log: bool = False
+    parts: list[dict[str, Any]] | None = None  # the partitions read at the last heavy sweep
+
+
+def _read_partitions(cfg: Config) -> list[dict[str, Any]] | None:
+    """The partition file parsed, as a heavy sweep reads it; None when there is no file."""
+    text = _read_text(cfg.values.get("partition_config_file", ""))
+    return parse_partitions(text) if text is not None else None
+
+
+def _read_text(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except OSError:
+        return None
+
+
+def _stale_s(cfg: Config) -> float:
+    return float(os.environ.get("PROVISIONER_LAB_SM_STALE_S", "0") or 0) or (
+        int(cfg.values["sminfo_polling_timeout"], 0) / 1000 * int(cfg.values["polling_retry_number"], 0)
+    )
+
+
+def _loop(root: str, host: str, port: dict[str, Any], run: _Running, upstream: bool, log_path: str,
+          once: bool) -> int:
+    """Heartbeat, elect, sweep while master, until SIGTERM/SIGINT.
+
+    Sweeps follow osm_state_mgr.c do_sweep(): a light sweep every tick; a heavy sweep (re-read the partition
+    file, route again) when the SM becomes master, when a sweep finds a change, with ``force_heavy_sweep
+    TRUE``, and on SIGHUP.  SIGHUP also re-reads opensm.conf (osm_subn_rescan_conf_files, on master and
+    standby alike) and applies only the options that can change at runtime (see ``reloadable``).  SIGUSR1
+    reopens the log (logrotate).
+    """
     sm_dir = os.path.join(root, "sm")
     os.makedirs(sm_dir, exist_ok=True)
     guid = f"0x{common.guid_int(port.get('port_guid')):016x}"
-    priority = int(cfg.values.get("sm_priority", "0"), 0)
     tick = float(os.environ.get("PROVISIONER_LAB_SM_TICK_S", "1.0"))
-    stale = float(os.environ.get("PROVISIONER_LAB_SM_STALE_S", "0") or 0) or (
-        int(cfg.values["sminfo_polling_timeout"], 0) / 1000 * int(cfg.values["polling_retry_number"], 0)
-    )
-    engines, engine_logs = routing_engines(cfg, upstream)
+    run.engines, run.engine_logs = routing_engines(run.cfg, upstream)
     me = (host, str(port.get("device")), int(port.get("port", 1)))
     stop = {"now": False}
 
     def _stop(_sig: int, _frame: object) -> None:
         stop["now"] = True
 
+    def _hup(_sig: int, _frame: object) -> None:
+        run.hup = True
+
+    def _usr1(_sig: int, _frame: object) -> None:
+        run.reopen_log = True
+
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    signal.signal(signal.SIGHUP, _hup)
+    signal.signal(signal.SIGUSR1, _usr1)
     log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - held for the daemon's life
     log.write(log_line(0x03, f"OpenSM {version()}") + "\n")
     log.write(log_line(0x02, f"osm_vendor_bind: Mgmt class 0x81 binding to port GUID {guid}") + "\n")
@@ -627,13 +815,33 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
     log.flush()
     state, activity, ar_cycles = "discovering", 0, 0
     my_file = os.path.join(sm_dir, f"{guid}.json")
+    with open(os.path.join(sm_dir, ".lock"), "a", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        record_event(sm_dir, guid, host, "start")
     try:
         while not stop["now"]:
             now = time.time()
             activity += 1
+            heavy = run.cfg.values.get("force_heavy_sweep", "FALSE").upper() == "TRUE"
+            if run.reopen_log:
+                run.reopen_log = False
+                log.close()
+                log = open(log_path, "a", encoding="utf-8")  # noqa: SIM115 - held for the daemon's life
+            if run.hup:
+                run.hup = False
+                heavy = True
+                text = _read_text(run.conf_path)
+                changed = rescan(run.cfg, run.loaded, text, upstream) if text is not None else []
+                if "routing_engine" in changed:
+                    run.engines, run.engine_logs = routing_engines(run.cfg, upstream)
+                    for line in run.engine_logs:
+                        log.write(log_line(0x01, line) + "\n")
+                with open(os.path.join(sm_dir, ".lock"), "a", encoding="utf-8") as lock:
+                    fcntl.flock(lock, fcntl.LOCK_EX)
+                    record_event(sm_dir, guid, host, "reload")
             record = {
                 "guid": guid,
-                "priority": priority,
+                "priority": int(run.cfg.values.get("sm_priority", "0"), 0),
                 "host": host,
                 "device": port.get("device"),
                 "port": port.get("port", 1),
@@ -641,8 +849,10 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
                 "heartbeat": now,
                 "pid": os.getpid(),
                 "activity_count": activity,
-                "routing_engine": engines[0],
-                "adaptive_routing": engines[0].startswith("ar_"),
+                "routing_engine": run.engines[0],
+                "adaptive_routing": run.engines[0].startswith("ar_"),
+                "config_file": run.conf_path,
+                "config": dict(run.loaded),
             }
             # One SM at a time decides and hands out LIDs (two fresh masters must not both pick LID 1).
             with open(os.path.join(sm_dir, ".lock"), "a", encoding="utf-8") as lock:
@@ -651,35 +861,41 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
                 # Only the master hands out LIDs (a standby's port gets its LID from the master's sweep).
                 record["lid"] = int(lids.get(str(port.get("port_guid")), 0))
                 labstate.atomic_write(my_file, json.dumps(record) + "\n")
-                winner = elect(live_sms(sm_dir, stale, now))
+                winner = elect(live_sms(sm_dir, _stale_s(run.cfg), now))
                 if winner is not None and winner["guid"] == guid:
                     first = state != "master"
                     if first:
                         state = "master"
+                        record_event(sm_dir, guid, host, "master", now)
                         log.write(log_line(0x80, "Entering MASTER state") + "\n")
-                        for line in engine_logs:
+                        for line in run.engine_logs:
                             log.write(log_line(0x01, line) + "\n")
                     record["lid"] = assign_lid(lids, str(port.get("port_guid")))
-                    part_file = cfg.values.get("partition_config_file", "")
-                    parts = None
-                    if os.path.exists(part_file):
-                        with open(part_file, encoding="utf-8") as handle:
-                            parts = parse_partitions(handle.read())
-                    sweep(root, int(record["lid"]), lids, me, parts)
-                    if first:
+                    heavy_now = first or heavy
+                    if heavy_now:  # a heavy sweep re-reads the partition file (osm_prtn_make_partitions)
+                        run.parts = _read_partitions(run.cfg)
+                    found = sweep(root, int(record["lid"]), lids, me, run.parts)
+                    if found and not heavy_now:  # a port change makes this sweep heavy: read the file again
+                        again = _read_partitions(run.cfg)
+                        if again != run.parts:
+                            run.parts = again
+                            sweep(root, int(record["lid"]), lids, me, run.parts)
+                    if heavy_now or found:
                         ar_cycles += 1
-                        for line in routing_log_lines(engines[0], ar_cycles):
+                        for line in routing_log_lines(run.engines[0], ar_cycles):
                             log.write(line + "\n")
+                        if run.parts is not None:
+                            labstate.atomic_write(os.path.join(sm_dir, "partitions.json"),
+                                                  json.dumps(run.parts) + "\n")
+                        # SUBNET UP: OSM_LOG_SYS on the first master sweep, OSM_LOG_INFO after (state_mgr_up_msg)
+                        log.write(log_line(0x80 if first else 0x02, "SUBNET UP") + "\n")
                     labstate.atomic_write(os.path.join(sm_dir, "lids.json"), json.dumps(lids, sort_keys=True) + "\n")
                     record["state"] = "master"
                     labstate.atomic_write(my_file, json.dumps(record) + "\n")
                     labstate.atomic_write(os.path.join(sm_dir, "sm.json"), json.dumps(record) + "\n")
-                    if parts is not None:
-                        labstate.atomic_write(os.path.join(sm_dir, "partitions.json"), json.dumps(parts) + "\n")
-                    if first:
-                        log.write(log_line(0x80, "SUBNET UP") + "\n")
                 elif state != "standby":
                     state = "standby"
+                    record_event(sm_dir, guid, host, "standby", now)
                     log.write(log_line(0x80, "Entering STANDBY state") + "\n")
                     # say so now, not a tick later: sminfo in between would see a master that lost the election
                     # (or a fresh SM) still claiming its old state
@@ -692,8 +908,12 @@ def _loop(root: str, host: str, port: dict[str, Any], cfg: Config, upstream: boo
     finally:
         log.write(log_line(0x80, "Exiting SM") + "\n")
         log.close()
-        if os.path.exists(my_file):
-            os.unlink(my_file)
+        with open(os.path.join(sm_dir, ".lock"), "a", encoding="utf-8") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if os.path.exists(my_file):
+                os.unlink(my_file)
+            others = [r for r in live_sms(sm_dir, _stale_s(run.cfg), time.time()) if r.get("guid") != guid]
+            record_event(sm_dir, guid, host, "stop", outage=not others)
     return 0
 
 

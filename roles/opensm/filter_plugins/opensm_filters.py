@@ -96,6 +96,9 @@ def opensm_routing(log_text: str, wanted: bool, engines: list[str]) -> dict[str,
     """What the master's log says about routing, and the problems against what is wanted."""
     mod = _need_sm()
     report = mod.routing_from_log(str(log_text))
+    # No engine configured = the build's own default (NVIDIA's opensm 5.10 on: ar_updn, upstream: minhop):
+    # whichever it routes with is accepted; failures and a missing SUBNET UP still count.
+    wanted = bool(wanted) if engines else report.adaptive_routing
     return {
         "engine_in_use": report.engine_in_use,
         "adaptive_routing": report.adaptive_routing,
@@ -104,6 +107,55 @@ def opensm_routing(log_text: str, wanted: bool, engines: list[str]) -> dict[str,
         "warnings": list(report.warnings),
         "problems": list(mod.check_adaptive_routing(report, bool(wanted), list(engines))),
     }
+
+
+def _conf_values(text: str) -> dict[str, str]:
+    """``key value`` lines of an opensm.conf (comments dropped; a later line wins, as opensm reads them)."""
+    values: dict[str, str] = {}
+    for raw in str(text or "").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            key, _, value = line.partition(" ")
+            values[key] = value.strip()
+    return values
+
+
+def opensm_conf_apply(before: str, after: str, reloadable: list[str], partitions_changed: bool = False,
+                      started: bool = False) -> dict[str, Any]:
+    """How a running SM takes a new configuration: {action: none|reload|restart, changed, restart_for}.
+
+    A heavy sweep (SIGHUP) re-reads partitions.conf and the opensm.conf options that can change at runtime
+    (``reloadable``); any other changed option needs a restart, and so does a reloadable option whose line
+    was removed (the rescan only reads the lines present, so the running value would stay).  An SM that was
+    (re)started by this run has read both files already: nothing to do.
+    """
+    old, new = _conf_values(before), _conf_values(after)
+    changed = sorted(k for k in old.keys() | new.keys() if old.get(k) != new.get(k))
+    allowed = set(reloadable)
+    restart_for = [k for k in changed if k not in allowed or k not in new]
+    if started or not (changed or partitions_changed):
+        action = "none"
+    elif restart_for:
+        action = "restart"
+    else:
+        action = "reload"
+    return {"action": action, "changed": changed, "restart_for": restart_for}
+
+
+def opensm_restart_order(plans: list[dict[str, Any]]) -> list[str]:
+    """Hosts whose SM needs a restart, standbys first (lowest priority first) and the master last."""
+    todo = [p for p in plans if p.get("action") == "restart"]
+    todo.sort(key=lambda p: (bool(p.get("master")), int(p.get("priority", 0)), str(p["host"])))
+    return [str(p["host"]) for p in todo]
+
+
+def opensm_expected_master(plans: list[dict[str, Any]], foreign: Any = None) -> str:
+    """GUID of the SM that must win among ours ({guid, priority} each) and a tolerated foreign master."""
+    mod = _need_sm()
+    views = [mod.SmView(host=str(p.get("host", "")), guid=str(p["guid"]), priority=int(p["priority"]), master=None,
+                        own=None) for p in plans]
+    guid, _priority = mod.expected_master(views, _info(foreign))
+    return str(guid)
 
 
 class FilterModule:
@@ -116,4 +168,7 @@ class FilterModule:
             "opensm_preflight": opensm_preflight,
             "opensm_election": opensm_election,
             "opensm_routing": opensm_routing,
+            "opensm_conf_apply": opensm_conf_apply,
+            "opensm_restart_order": opensm_restart_order,
+            "opensm_expected_master": opensm_expected_master,
         }
