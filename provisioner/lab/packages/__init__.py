@@ -24,7 +24,6 @@ from typing import Literal
 SIMTOOLS_DIR = Path(__file__).resolve().parent.parent / "simtools"
 FILES_DIR = Path(__file__).resolve().parent / "files"
 LAB_LIB = "/usr/lib/provisioner-lab"
-MODULE_STORE = f"{LAB_LIB}/modules"
 MAINTAINER = "provisioner lab <lab@provisioner.invalid>"
 
 # Highest CUDA version each driver branch supports (what nvidia-smi prints as "CUDA Version").
@@ -142,39 +141,53 @@ def _library(directory: str, soname: str, full_version: str, what: str) -> tuple
     return _placeholder(f"{directory}/{real}", what), (f"{directory}/{soname}", real)
 
 
-def _module_scripts(store: str) -> tuple[str, str]:
-    """postinst/prerm that put ``*.ko`` stand-ins under every kernel's updates/dkms.
+def dkms_conf(name: str, version: str, modules: tuple[str, ...], make: str) -> str:
+    """A dkms.conf in the real format (the lab's simulated dkms reads it like dkms does)."""
+    lines = [f'PACKAGE_NAME="{name}"', f'PACKAGE_VERSION="{version}"', f'MAKE="{make}"', 'AUTOINSTALL="yes"']
+    for i, module in enumerate(modules):
+        lines += [f'BUILT_MODULE_NAME[{i}]="{module}"', f'DEST_MODULE_LOCATION[{i}]="/updates/dkms"']
+    return "\n".join(lines) + "\n"
 
-    The containers share the host kernel, so the modules go to every directory under
-    /lib/modules and to ``uname -r`` (the lab's simulated modprobe looks there).  Removal
-    runs in prerm, while the store the names come from still exists.
+
+def _dkms_scripts(name: str, version: str) -> tuple[str, str]:
+    """postinst/prerm of a ``*-dkms`` package, as dh_dkms writes them (dkms_common.postinst's logic).
+
+    postinst adds the source to DKMS and builds and installs it for the running kernel when its headers are
+    there (``/lib/modules/<kernel>/build/include``); without them it says so and builds nothing, like
+    dkms_common.postinst ("Module build for kernel ... was skipped since the kernel headers for this kernel
+    do not seem to be installed.").  prerm removes every build (``dkms remove --all``).  ``dkms`` is the
+    lab's simulated one in /usr/local/sbin (the image's lab layer), where the real package depends on dkms.
     """
     postinst = f"""#!/bin/sh
 set -e
+PATH=/usr/local/sbin:$PATH
 if [ "$1" = configure ]; then
-    for kver in $(ls /lib/modules 2>/dev/null) $(uname -r); do
-        mkdir -p "/lib/modules/$kver/updates/dkms"
-        cp -f {store}/*.ko "/lib/modules/$kver/updates/dkms/"
-    done
+    dkms add -m {name} -v {version}
+    KERNEL=$(uname -r)
+    if [ -e "/lib/modules/$KERNEL/build/include" ]; then
+        echo "Building for $KERNEL"
+        dkms build -m {name} -v {version} -k "$KERNEL"
+        dkms install -m {name} -v {version} -k "$KERNEL"
+    else
+        echo "Module build for kernel $KERNEL was skipped since the"
+        echo "kernel headers for this kernel do not seem to be installed."
+    fi
 fi
 exit 0
 """
     prerm = f"""#!/bin/sh
 set -e
-if [ "$1" = remove ] || [ "$1" = upgrade ] || [ "$1" = deconfigure ]; then
-    for kver in $(ls /lib/modules 2>/dev/null); do
-        for ko in {store}/*.ko; do
-            rm -f "/lib/modules/$kver/updates/dkms/$(basename "$ko")"
-        done
-    done
-fi
+PATH=/usr/local/sbin:$PATH
+case "$1" in
+    remove|upgrade|deconfigure)
+        if [ -n "$(dkms status -m {name} -v {version})" ]; then
+            dkms remove -m {name} -v {version} --all
+        fi
+        ;;
+esac
 exit 0
 """
     return postinst, prerm
-
-
-def _module_files(store: str, names: tuple[str, ...], what: str) -> tuple[FileEntry, ...]:
-    return tuple(_placeholder(f"{store}/{m}.ko", f"{what} kernel module {m}") for m in names)
 
 
 def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
@@ -189,8 +202,8 @@ def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
     version_file = json.dumps(
         {"version": ver, "cuda": DRIVER_CUDA.get(br, "12.4"), "flavor": v.driver_flavor}, sort_keys=True
     )
-    store = f"{MODULE_STORE}/nvidia-{ver}{suffix}"
-    postinst, prerm = _module_scripts(store)
+    postinst, prerm = _dkms_scripts("nvidia", ver)
+    make = "'make' -j$(nproc) KERNEL_UNAME=${kernelver} modules"
     kernel = PackageRecipe(
         name=f"nvidia-dkms-{br}{suffix}",
         version=deb_ver,
@@ -199,7 +212,8 @@ def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
         conflicts=(f"nvidia-dkms-{br}{other}",),
         provides=("nvidia-dkms-kernel",),
         files=(
-            *_module_files(store, NVIDIA_MODULES, f"NVIDIA {ver}"),
+            _text(f"/usr/src/nvidia-{ver}/dkms.conf", dkms_conf("nvidia", ver, NVIDIA_MODULES, make)),
+            _placeholder(f"/usr/src/nvidia-{ver}/nvidia-peermem/nvidia-peermem.c", "the nvidia-peermem source"),
             _text(f"{LAB_LIB}/nvidia-driver.version", version_file + "\n"),
         ),
         postinst=postinst,
@@ -400,12 +414,16 @@ After=local-fs.target
 
 [Service]
 Type=oneshot
+TimeoutSec=180
 RemainAfterExit=yes
-ExecStart=/bin/true
+ExecStart=/etc/init.d/openibd start bootid=%b
+ExecStop=/etc/init.d/openibd stop
+ExecReload=/etc/init.d/openibd restart bootid=%b
 
 [Install]
 WantedBy=sysinit.target
 """
+"""The real unit's Service section (mlnx-ofa_kernel ofed_scripts/openibd.service)."""
 
 
 def ofed_recipes(v: VendorVersions) -> list[PackageRecipe]:
@@ -413,8 +431,9 @@ def ofed_recipes(v: VendorVersions) -> list[PackageRecipe]:
     comp = _ofed_component_version(v)
     compact = v.ofed.replace("-", "").replace(".", "")
     tool_ver = f"{v.ofed.split('-', 1)[0]}.0-1.{compact}"
-    store = f"{MODULE_STORE}/mlnx-ofed-{v.ofed}"
-    kmod_postinst, kmod_prerm = _module_scripts(store)
+    dkms_version = comp.rsplit("-", 1)[0]
+    kmod_postinst, kmod_prerm = _dkms_scripts("mlnx-ofed-kernel", dkms_version)
+    ofed_make = f"./ofed_scripts/pre_build.sh $kernelver $kernel_source_dir mlnx-ofed-kernel {dkms_version}"
     components = {
         "ofed-scripts": comp,
         "mlnx-tools": tool_ver,
@@ -467,15 +486,23 @@ WantedBy=multi-user.target
             "Userspace tools to restart OFED kernel modules, lab stand-in",
             "utils",
             depends=(f"mlnx-ofed-kernel-dkms (= {comp})",),
-            # the real package ships openibd (loads the OFED stack at boot); the stand-in loads nothing
-            files=(_text("/lib/systemd/system/openibd.service", OPENIBD_UNIT),),
+            # openibd swaps the kernel's RDMA stack for the OFED build (the stand-in: simtools/openibd)
+            files=_present(
+                _text("/lib/systemd/system/openibd.service", OPENIBD_UNIT),
+                _tool("openibd", "/etc/init.d/openibd"),
+            ),
         ),
         PackageRecipe(
             "mlnx-ofed-kernel-dkms",
             comp,
             "DKMS support for mlnx-ofed kernel modules, lab stand-in",
             "kernel",
-            files=_module_files(store, OFED_MODULES, f"OFED {v.ofed}"),
+            files=(
+                _text(f"/usr/src/mlnx-ofed-kernel-{dkms_version}/dkms.conf",
+                      dkms_conf("mlnx-ofed-kernel", dkms_version, OFED_MODULES, ofed_make)),
+                _placeholder(f"/usr/src/mlnx-ofed-kernel-{dkms_version}/ofed_scripts/dkms_ofed_post_build.sh",
+                             "dkms_ofed_post_build.sh (the simulated dkms writes Module.symvers)"),
+            ),
             postinst=kmod_postinst,
             prerm=kmod_prerm,
         ),

@@ -228,20 +228,38 @@ def save_fabric(root: str, fabric: dict[str, Any]) -> None:
     _write_json(os.path.join(root, FABRIC_FILE), fabric)
 
 
-def load_modules(root: str, host: str) -> list[str]:
-    """Loaded kernel modules of ``host`` (most recently loaded first, like lsmod); [] if none."""
+def _modules_data(root: str, host: str) -> dict[str, Any]:
     try:
         data = _read_json(os.path.join(node_dir(root, host), MODULES_FILE))
     except FileNotFoundError:
-        return []
-    loaded = data.get("loaded", []) if isinstance(data, dict) else []
-    return [str(name) for name in loaded]
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def save_modules(root: str, host: str, loaded: list[str]) -> None:
-    """Write ``modules.json`` atomically, dropping duplicates but keeping order."""
+def load_modules(root: str, host: str) -> list[str]:
+    """Loaded kernel modules of ``host`` (most recently loaded first, like lsmod); [] if none."""
+    return [str(name) for name in _modules_data(root, host).get("loaded", [])]
+
+
+def load_module_builds(root: str, host: str) -> dict[str, str]:
+    """Loaded module -> the DKMS-built ``.ko`` it was inserted from; a module not listed is the kernel's own."""
+    builds = _modules_data(root, host).get("builds", {})
+    return {str(k): str(v) for k, v in builds.items()} if isinstance(builds, dict) else {}
+
+
+def save_modules(root: str, host: str, loaded: list[str], builds: Mapping[str, str] | None = None) -> None:
+    """Write ``modules.json`` atomically, dropping duplicates but keeping order.
+
+    ``builds`` (module -> ``.ko`` path) replaces the recorded builds; without it the previous ones are kept
+    for the modules still loaded, so a writer that only drops a module (a fault) keeps the others' origin.
+    """
     unique = list(dict.fromkeys(loaded))
-    _write_json(os.path.join(node_dir(root, host), MODULES_FILE), {"loaded": unique})
+    known = dict(builds) if builds is not None else load_module_builds(root, host)
+    kept = {name: path for name, path in sorted(known.items()) if name in unique}
+    data: dict[str, Any] = {"loaded": unique}
+    if kept:
+        data["builds"] = kept
+    _write_json(os.path.join(node_dir(root, host), MODULES_FILE), data)
 
 
 # ---------------------------------------------------------------- sysfs rendering (pure)
