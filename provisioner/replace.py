@@ -57,7 +57,7 @@ from provisioner.state import (
     utcnow,
 )
 
-NODE_PHASES = ("preflight", "repos", "gpu_stack", "ofed")
+NODE_PHASES = ("preflight", "repos", "ofed", "gpu_stack")
 """Converged on the replaced node alone, before the SM side (the normal run's order)."""
 AFTER_FABRIC_PHASES = ("storage",)
 SM_CONFIG_TASKS = frozenset({"Write opensm.conf", "Write partitions.conf"})
