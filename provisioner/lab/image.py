@@ -7,7 +7,7 @@ on this host.  It is built in two layers so that the slow part happens once:
    to be many containers at once (empty machine-id, no baked SSH host keys), cached as
    ``~/.cache/provisioner-lab/base-<hash>.rootfs.tar.zst`` where the hash covers the
    base recipe only; it is rebuilt only when that recipe changes;
-2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod``/``dmesg``/``dkms``/``sminfo``/
+2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod``/``modinfo``/``dmesg``/``dkms``/``sminfo``/
    ``saquery``/``iblinkinfo`` and the shared modules (``labstate.py``, ``labkernel.py``, ``fabsim_*.py``),
    copied into a container of the base and committed; its hash is the image's
    ``provisioner-lab.recipe`` label, so an edit of those files costs seconds, not a
@@ -55,7 +55,7 @@ ExecStartPre=/usr/sbin/sshd -t
 """
 
 LAB_LIB_DIR = "/usr/lib/provisioner-lab"
-SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod", "dmesg")
+SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod", "modinfo", "dmesg")
 """Names of nodetools/kmod_sim.py (the simulated kernel's module loader and its log)."""
 LAB_MODULES = ("labstate.py", "labkernel.py", "fabsim_common.py", "fabsim_perftest.py", "fabsim_nccl.py",
                "fabsim_sm.py")

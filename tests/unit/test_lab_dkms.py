@@ -44,7 +44,7 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
                 dest.parent.mkdir(parents=True, exist_ok=True)
                 dest.write_bytes(entry.content)
     bin_dir.mkdir()
-    for name in ("modprobe", "rmmod", "lsmod", "dmesg"):  # as the image's lab layer installs them
+    for name in ("modprobe", "rmmod", "lsmod", "modinfo", "dmesg"):  # as the image's lab layer installs them
         (bin_dir / name).write_bytes(Path(kmod_sim.__file__).read_bytes())
         (bin_dir / name).chmod(0o755)
     env = {"PROVISIONER_LAB_ROOT": str(lab), "PROVISIONER_LAB_HOST": HOST, "PROVISIONER_LAB_KERNEL": KERNEL,
@@ -101,6 +101,7 @@ def test_driver_built_before_ofed_gives_a_peermem_that_returns_einval(node: Path
     assert done.stderr == "modprobe: ERROR: could not insert 'nvidia_peermem': Invalid argument\n"
     assert "nvidia_peermem" not in loaded() and "nvidia" in loaded()  # the dependency stays, as with kmod
     assert "nvidia_peermem" not in tool("dmesg").stdout  # the stub's init fails silently
+    assert tool("modinfo", "-F", "depends", "nvidia_peermem").stdout == "nvidia\n"  # no ib_uverbs: a stub
 
 
 def test_ofed_before_driver_gives_a_peermem_that_loads(node: Path) -> None:
@@ -111,11 +112,12 @@ def test_ofed_before_driver_gives_a_peermem_that_loads(node: Path) -> None:
     assert restarted.returncode == 0, restarted.stdout
     assert restarted.stdout.endswith("Loading HCA driver and Access Layer: [  OK  ]\n")  # text mode reads \r\n as \n
     builds = labstate.load_module_builds(str(node / "lab"), HOST)
-    assert builds["ib_uverbs"].endswith(f"lib/modules/{KERNEL}/updates/dkms/ib_uverbs.ko")
+    assert builds["ib_uverbs"]["dkms"] == "/".join(OFED) and builds["ib_uverbs"]["kernel"] == KERNEL
     install(NVIDIA)
     done = tool("modprobe", "nvidia_peermem")
     assert done.returncode == 0, done.stderr
     assert loaded()[0] == "nvidia_peermem"
+    assert tool("modinfo", "-F", "depends", "nvidia_peermem").stdout == "nvidia,ib_uverbs\n"
     lsmod = tool("lsmod").stdout
     assert any(line.startswith("ib_uverbs") and line.endswith("nvidia_peermem") for line in lsmod.splitlines())
 
@@ -141,6 +143,9 @@ def test_openibd_refuses_to_stop_under_a_loaded_peermem_and_a_new_ofed_needs_a_r
     assert refused.stdout == ("Unloading ib_uverbs[FAILED]\n"
                               "rmmod: ERROR: Module ib_uverbs is in use by: nvidia_peermem\n")
     assert "nvidia_peermem" in loaded()
+    # systemd runs ExecStart after a failed ExecStop; start finds the old build loaded and stops first: same refusal
+    started = openibd("start")
+    assert (started.returncode, started.stdout) == (1, refused.stdout)
     assert tool("rmmod", "nvidia_peermem").returncode == 0
     assert openibd("restart").returncode == 0
     stale = tool("modprobe", "nvidia_peermem")
@@ -195,4 +200,4 @@ def test_records_survive_a_fault_that_drops_one_module(node: Path) -> None:
     lab = str(node / "lab")
     labstate.save_modules(lab, HOST, [m for m in labstate.load_modules(lab, HOST) if m != "ib_ipoib"])
     builds = labstate.load_module_builds(lab, HOST)
-    assert "ib_ipoib" not in builds and builds["ib_core"].endswith("/ib_core.ko")
+    assert "ib_ipoib" not in builds and builds["ib_core"]["dkms"] == "/".join(OFED)

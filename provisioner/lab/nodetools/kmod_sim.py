@@ -1,8 +1,8 @@
 #!/usr/bin/python3
-"""Simulated ``modprobe``, ``lsmod``, ``rmmod`` and ``dmesg`` for lab nodes (stdlib only).
+"""Simulated ``modprobe``, ``lsmod``, ``rmmod``, ``modinfo`` and ``dmesg`` for lab nodes (stdlib only).
 
 A lab node is a container on a kernel with no InfiniBand or GPU modules, so kmod's
-real tools cannot load anything.  This one script is installed four times into
+real tools cannot load anything.  This one script is installed five times into
 ``/usr/local/sbin`` (ahead of the real ones in root's PATH) and picks its role from the name
 it was called by.  It keeps the node's loaded modules in
 ``/run/lab/nodes/<hostname>/modules.json`` through the shared ``labstate`` module, so
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, os.environ.get("PROVISIONER_LAB_LIB", "/usr/lib/provisioner-lab"))
 
@@ -109,7 +109,7 @@ class Kernel:
     """What the running kernel knows when it inserts a module: its release, the DKMS records, where
     each loaded module came from, and the log lines it writes."""
 
-    def __init__(self, release: str, records: dict[str, dict[str, object]], builds: dict[str, str]) -> None:
+    def __init__(self, release: str, records: dict[str, dict[str, Any]], builds: dict[str, dict[str, Any]]) -> None:
         self.release = release
         self.records = records
         self.builds = builds
@@ -138,14 +138,14 @@ def load(loaded: list[str], name: str, directory: str, *, first_time: bool = Fal
     if dry_run:
         return result
     if kernel is not None and record is not None:
-        exported = labkernel.loaded_exports(result, kernel.builds, kernel.records, kernel.release)
+        exported = labkernel.loaded_exports(result, kernel.builds, kernel.release)
         refused = labkernel.insert_failure(name, record, kernel.release, exported)
         if refused is not None:
             errno, lines = refused
             kernel.log.extend(lines)
             raise Failure(f"modprobe: ERROR: could not insert '{name}': {labkernel.KMOD_ERRORS[errno]}",
                           loaded=result)
-        kernel.builds[name] = path
+        kernel.builds[name] = labkernel.loaded_build(record)
     return [name, *result]
 
 
@@ -209,8 +209,41 @@ def modprobe(argv: list[str], loaded: list[str], directory: str,
     return loaded, "\n".join(verbose) + "\n" if verbose else ""
 
 
+def modinfo(argv: list[str], directory: str, kernel: Kernel) -> str:
+    """kmod's ``modinfo [-F field | -n] name``: filename, depends, name and vermagic of the module file."""
+    field: str | None = None
+    names: list[str] = []
+    args = list(argv)
+    while args:
+        arg = args.pop(0)
+        if arg in ("-F", "--field") and args:
+            field = args.pop(0)
+        elif arg in ("-n", "--filename"):
+            field = "filename"
+        elif arg.startswith("-"):
+            raise Failure(f"modinfo: ERROR: unrecognized option '{arg}'")
+        else:
+            names.append(arg)
+    if not names:
+        raise Failure("modinfo: ERROR: missing module or filename.")
+    lines: list[str] = []
+    for name in names:
+        path = find_module_file(directory, name)
+        if path is None:
+            raise Failure(f"modinfo: ERROR: Module {name} not found.")
+        record = kernel.records.get(path, {})
+        depends = record.get("depends", DEPENDS.get(normalise(name), ()))
+        info = {"filename": path, "depends": ",".join(depends), "name": normalise(name),
+                "vermagic": f"{record.get('kernel', kernel.release)}{labkernel.VERMAGIC_TAIL.rstrip()}"}
+        if field is not None:
+            lines.append(info.get(field, ""))
+        else:
+            lines += [f"{key + ':':<16}{value}" for key, value in info.items()]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str]) -> int:
-    """Entry point for all four names."""
+    """Entry point for all five names."""
     tool = os.path.basename(argv[0])
     root, host = labstate.lab_root(), labstate.this_host()
     if tool == "dmesg":
@@ -223,6 +256,9 @@ def main(argv: list[str]) -> int:
     try:
         if tool == "lsmod":
             sys.stdout.write(lsmod_text(loaded))
+            return 0
+        if tool == "modinfo":
+            sys.stdout.write(modinfo(argv[1:], modules_dir(), kernel))
             return 0
         if tool == "rmmod":
             names = [a for a in argv[1:] if not a.startswith("-")]

@@ -17,6 +17,8 @@ kernel packages and are documented as patterns in docs/notes/vendor-repo.md.
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -71,6 +73,11 @@ class VendorVersions:
     doca: str = "2.9.1"
     fabric_manager: bool = True
     nccl_tests: str = "2.13.10"
+    kernel_packages: bool = False
+    """Also stand-ins of the running kernel's image/headers packages and metapackages, plus a newer kernel
+    the metapackages' second version pulls in (what an unattended upgrade would install): see
+    :func:`kernel_recipes`. Off by default: an installed linux-headers stand-in would satisfy roles that
+    install the headers when the lab hides them."""
 
     @property
     def driver_branch(self) -> str:
@@ -554,6 +561,41 @@ WantedBy=multi-user.target
     return recipes
 
 
+def kernel_package_name(release: str) -> str:
+    """A kernel release as Debian package names carry it (lower case, only ``a-z0-9.+-``)."""
+    return re.sub(r"[^a-z0-9.+-]", "-", release.lower())
+
+
+def next_kernel(release: str) -> str:
+    """A newer kernel of the same flavour: the ABI number after the first ``-`` plus one (6.1.0-21-amd64 ->
+    6.1.0-22-amd64), else the release with ``+lab1``."""
+    bumped, n = re.subn(r"-(\d+)", lambda m: f"-{int(m.group(1)) + 1}", release, count=1)
+    return bumped if n else release + "+lab1"
+
+
+def kernel_recipes(release: str) -> list[PackageRecipe]:
+    """Stand-ins of Debian's kernel packages for the running kernel ``release`` and a newer one.
+
+    ``linux-image-<release>``/``linux-headers-<release>`` carry no files (the containers run the host's
+    kernel; the lab makes /lib/modules/<release>/build itself); the metapackages ``linux-image-amd64`` and
+    ``linux-headers-amd64`` come in version 1 (pulling the running kernel) and 2 (pulling the newer one), so an
+    ``apt-get upgrade`` that is not stopped by a hold installs a new kernel, as on a real node. The version
+    strings are the lab's own (Debian's carry the kernel's: 6.1.90-1).
+    """
+    current, newer = kernel_package_name(release), kernel_package_name(next_kernel(release))
+    out: list[PackageRecipe] = []
+    for meta_version, kernel in (("1", current), ("2", newer)):
+        for kind in ("image", "headers"):
+            out.append(PackageRecipe(
+                f"linux-{kind}-{kernel}", "1", f"Linux kernel {kind} for {kernel}, lab stand-in (no files)",
+                "kernel", files=(_placeholder(f"/usr/share/doc/linux-{kind}-{kernel}/lab-stand-in", f"linux-{kind}"),)))
+            out.append(PackageRecipe(
+                f"linux-{kind}-amd64", meta_version, f"Linux kernel {kind} metapackage (amd64), lab stand-in",
+                "kernel", depends=(f"linux-{kind}-{kernel}",)))
+    return out
+
+
 def recipes_for(v: VendorVersions) -> list[PackageRecipe]:
     """Every stand-in package of one pinned software set."""
-    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *ofed_recipes(v)]
+    kernel = kernel_recipes(os.uname().release) if v.kernel_packages else []
+    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *ofed_recipes(v), *kernel]

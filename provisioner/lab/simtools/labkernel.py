@@ -15,8 +15,9 @@ kernel does (docs/lab-hardware-model.md, "dkms.json", has the sources):
 * nvidia_peermem built while no OFED ``Module.symvers`` offered the peer-memory API: its init returns
   -EINVAL without a kernel message (``Invalid argument``).
 
-A loaded module without a record is the kernel's own (inbox) build; ``modules.json`` maps each loaded DKMS
-module to the ``.ko`` it came from (``"builds"``) so the exports of what is loaded are known.
+A loaded module without a record is the kernel's own (inbox) build; ``modules.json`` keeps, per loaded DKMS
+module, what the kernel keeps of it (``"builds"``: its DKMS name/version, kernel and exported symbols), so a
+later rebuild of the file on disk does not change what is loaded.
 """
 
 from __future__ import annotations
@@ -136,13 +137,17 @@ def installed_records(data: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
 # ---------------------------------------------------------------- what may load (pure)
 
 
-def loaded_exports(loaded: Iterable[str], builds: Mapping[str, str], records: Mapping[str, Mapping[str, Any]],
-                   kernel: str) -> dict[str, str]:
-    """Symbol -> CRC exported by the loaded modules (a DKMS build's record, else the kernel's own build)."""
+def loaded_build(record: Mapping[str, Any]) -> dict[str, Any]:
+    """What ``modules.json`` keeps of a DKMS module once it is inserted."""
+    return {"dkms": record.get("dkms"), "kernel": record.get("kernel"), "exports": dict(record.get("exports", {}))}
+
+
+def loaded_exports(loaded: Iterable[str], builds: Mapping[str, Mapping[str, Any]], kernel: str) -> dict[str, str]:
+    """Symbol -> CRC exported by the loaded modules (their DKMS build, else the kernel's own build)."""
     out: dict[str, str] = {}
     for name in loaded:
-        record = records.get(builds.get(name, ""))
-        out.update(dict(record.get("exports", {})) if record is not None else inbox_exports(name, kernel))
+        build = builds.get(name)
+        out.update(dict(build.get("exports", {})) if build is not None else inbox_exports(name, kernel))
     return out
 
 

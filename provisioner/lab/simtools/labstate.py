@@ -241,21 +241,25 @@ def load_modules(root: str, host: str) -> list[str]:
     return [str(name) for name in _modules_data(root, host).get("loaded", [])]
 
 
-def load_module_builds(root: str, host: str) -> dict[str, str]:
-    """Loaded module -> the DKMS-built ``.ko`` it was inserted from; a module not listed is the kernel's own."""
+def load_module_builds(root: str, host: str) -> dict[str, dict[str, Any]]:
+    """Loaded module -> the DKMS build it was inserted from (``dkms``, ``kernel``, ``exports``: what the kernel
+    keeps of a loaded module); a loaded module not listed is the kernel's own build."""
     builds = _modules_data(root, host).get("builds", {})
-    return {str(k): str(v) for k, v in builds.items()} if isinstance(builds, dict) else {}
+    if not isinstance(builds, dict):
+        return {}
+    return {str(k): dict(v) for k, v in builds.items() if isinstance(v, dict)}
 
 
-def save_modules(root: str, host: str, loaded: list[str], builds: Mapping[str, str] | None = None) -> None:
+def save_modules(root: str, host: str, loaded: list[str], builds: Mapping[str, Mapping[str, Any]] | None = None
+                 ) -> None:
     """Write ``modules.json`` atomically, dropping duplicates but keeping order.
 
-    ``builds`` (module -> ``.ko`` path) replaces the recorded builds; without it the previous ones are kept
+    ``builds`` (module -> its DKMS build) replaces the recorded builds; without it the previous ones are kept
     for the modules still loaded, so a writer that only drops a module (a fault) keeps the others' origin.
     """
     unique = list(dict.fromkeys(loaded))
     known = dict(builds) if builds is not None else load_module_builds(root, host)
-    kept = {name: path for name, path in sorted(known.items()) if name in unique}
+    kept = {name: dict(build) for name, build in sorted(known.items()) if name in unique}
     data: dict[str, Any] = {"loaded": unique}
     if kept:
         data["builds"] = kept
