@@ -181,7 +181,7 @@ def up(
     out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
     = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only these phases (repeat or comma-separate): "
-                                                   "preflight, repos, gpu_stack, ofed, fabric, storage, slurm, verify, "
+                                                   "preflight, repos, ofed, gpu_stack, fabric, storage, slurm, verify, "
                                                    "report.")] = None,
     from_phase: Annotated[str | None, typer.Option("--from", help="Start at this phase and run the rest.")] = None,
     limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04],sm1.")]

@@ -1,6 +1,6 @@
 """The phases of `provision cluster.yaml`, in order, and the engine that runs them with failure isolation.
 
-    validate -> render -> preflight -> repos -> gpu_stack -> ofed -> fabric -> storage -> slurm -> verify -> report
+    validate -> render -> preflight -> repos -> ofed -> gpu_stack -> fabric -> storage -> slurm -> verify -> report
 
 Each phase is a playbook under playbooks/ or a Python step. The engine keeps going when single nodes
 break: a host that fails or cannot be reached in a phase is *set aside* with its reason and the others carry
@@ -51,8 +51,9 @@ PHASES: tuple[Phase, ...] = (
     Phase("render", "render the inventory", always=True),
     Phase("preflight", "preflight checks", "preflight.yml"),
     Phase("repos", "vendor repositories", "repos.yml"),
-    Phase("gpu_stack", "driver, CUDA, NCCL", "gpu_stack.yml"),
-    Phase("ofed", "DOCA-OFED/MOFED, GPUDirect RDMA", "ofed.yml"),
+    # OFED before the driver: the driver's DKMS build of nvidia_peermem needs the OFED peer-memory symbols
+    Phase("ofed", "DOCA-OFED/MOFED, RoCE QoS", "ofed.yml"),
+    Phase("gpu_stack", "driver, CUDA, NCCL, GPUDirect RDMA", "gpu_stack.yml"),
     Phase("fabric", "subnet manager, switches", "fabric.yml"),
     Phase("storage", "NFS/Lustre", "storage.yml"),
     Phase("slurm", "Slurm: MUNGE, slurmctld, slurmd", "slurm.yml"),

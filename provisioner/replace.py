@@ -58,7 +58,7 @@ from provisioner.state import (
     utcnow,
 )
 
-NODE_PHASES = ("preflight", "repos", "gpu_stack", "ofed")
+NODE_PHASES = ("preflight", "repos", "ofed", "gpu_stack")
 """Converged on the replaced node alone, before the SM side (the normal run's order)."""
 AFTER_FABRIC_PHASES = ("storage",)
 SLURM_PHASE = "slurm"

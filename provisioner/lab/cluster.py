@@ -65,10 +65,11 @@ mv /root/.ssh/.authorized_keys.tmp /root/.ssh/authorized_keys
 umask 022
 mkdir -p /dev/infiniband
 # the containers share the host's kernel, which has no Debian headers: give it stand-in headers, as
-# linux-headers-$(uname -r) would (a lab fault can remove them to rehearse the missing-headers failure)
+# linux-headers-$(uname -r) would (a lab fault can remove them to rehearse the missing-headers failure);
+# DKMS looks for build/include (dkms's _check_kernel_dir)
 kb=/lib/modules/$(uname -r)/build
 if [ ! -e "$kb/Makefile" ]; then
-  mkdir -p "$kb" && echo "# provisioner lab stand-in for linux-headers-$(uname -r)" > "$kb/Makefile"
+  mkdir -p "$kb/include" && echo "# provisioner lab stand-in for linux-headers-$(uname -r)" > "$kb/Makefile"
 fi
 i=0
 while [ "$i" -lt "$1" ]; do [ -e /dev/infiniband/umad$i ] || : > /dev/infiniband/umad$i; i=$((i + 1)); done

@@ -7,8 +7,9 @@ on this host.  It is built in two layers so that the slow part happens once:
    to be many containers at once (empty machine-id, no baked SSH host keys), cached as
    ``~/.cache/provisioner-lab/base-<hash>.rootfs.tar.zst`` where the hash covers the
    base recipe only; it is rebuilt only when that recipe changes;
-2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod``/``sminfo``/``saquery``/
-   ``iblinkinfo``/``ibnetdiscover``/``ibqueryerrors`` and the shared modules (``labstate.py``, ``fabsim_*.py``),
+2. the *lab layer*: the simulated ``modprobe``/``lsmod``/``rmmod``/``modinfo``/``dmesg``/``dkms``/``sminfo``/
+   ``saquery``/``iblinkinfo``/``ibnetdiscover``/``ibqueryerrors`` and the shared modules (``labstate.py``,
+   ``labkernel.py``, ``fabsim_*.py``),
    copied into a container of the base and committed; its hash is the image's
    ``provisioner-lab.recipe`` label, so an edit of those files costs seconds, not a
    debootstrap.
@@ -55,9 +56,10 @@ ExecStartPre=/usr/sbin/sshd -t
 """
 
 LAB_LIB_DIR = "/usr/lib/provisioner-lab"
-SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod")
-LAB_MODULES = ("labstate.py", "fabsim_common.py", "fabsim_fabric.py", "fabsim_perftest.py", "fabsim_nccl.py",
-               "fabsim_mpi.py", "fabsim_sm.py", "fabsim_pma.py")
+SIM_TOOL_NAMES = ("modprobe", "lsmod", "rmmod", "modinfo", "dmesg")
+"""Names of nodetools/kmod_sim.py (the simulated kernel's module loader and its log)."""
+LAB_MODULES = ("labstate.py", "labkernel.py", "fabsim_common.py", "fabsim_fabric.py", "fabsim_perftest.py",
+               "fabsim_nccl.py", "fabsim_mpi.py", "fabsim_sm.py", "fabsim_pma.py")
 """Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
 MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors")
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
@@ -178,6 +180,7 @@ def lab_files() -> dict[str, tuple[bytes, int]]:
     simtools = _PACKAGE_DIR / "simtools"
     kmod = (_PACKAGE_DIR / "nodetools" / "kmod_sim.py").read_bytes()
     files = {f"/usr/local/sbin/{name}": (kmod, 0o755) for name in SIM_TOOL_NAMES}
+    files["/usr/local/sbin/dkms"] = ((_PACKAGE_DIR / "nodetools" / "dkms_sim.py").read_bytes(), 0o755)
     for module in LAB_MODULES:
         files[f"{LAB_LIB_DIR}/{module}"] = ((simtools / module).read_bytes(), 0o644)
     for tool in MAD_TOOLS:

@@ -51,7 +51,9 @@ GPU_NODES = ("gpu01", "gpu02")
 SM_NODES = ("sm1", "sm2")
 HOSTS = GPU_NODES + SM_NODES
 PINS = APT_PINS
-GPU_PACKAGES = f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES}"
+GPU_PACKAGES = f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests {MPI_PACKAGES}"
+OFED_FIRST = "doca-ofed"
+"""Installed and loaded (openibd) before the driver, whose DKMS build of nvidia_peermem needs the OFED symbols."""
 SM_PACKAGES = "opensm"
 NDR_GBPS = 400.0
 
@@ -108,7 +110,10 @@ def _install(host: str) -> None:
              "echo 'deb [signed-by=/etc/apt/keyrings/lab-vendor.gpg] file:/run/lab/vendor-repo bookworm main'"
              " > /etc/apt/sources.list.d/lab-vendor.list && "
              f"printf '%s' {shlex.quote(PINS)} > /etc/apt/preferences.d/lab-pins && "
-             f"{APT} update && {APT} install -y --no-install-recommends {packages}", timeout=300)
+             f"{APT} update", timeout=300)
+    if host in GPU_NODES:
+        sh(host, f"{APT} install -y --no-install-recommends {OFED_FIRST} && systemctl restart openibd", timeout=300)
+    sh(host, f"{APT} install -y --no-install-recommends {packages}", timeout=300)
     if host in GPU_NODES:
         sh(host, "modprobe nvidia_peermem")
 

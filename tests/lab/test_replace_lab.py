@@ -46,7 +46,7 @@ pytestmark = [
 CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "replace")
 NODE, PEER, SM = "gpu01", "gpu02", "sm1"
 TENANT_PKEY = "0x8001"
-CONVERGE = ["preflight", "repos", "gpu_stack", "ofed", "fabric", "storage"]
+CONVERGE = ["preflight", "repos", "ofed", "gpu_stack", "fabric", "storage"]
 
 SPEC = """\
 cluster: {name: CLUSTER_NAME, os: debian-12}
@@ -194,7 +194,7 @@ def test_replace_node_after_a_hardware_swap(lab: LabInfo, spec: Path, tmp_path: 
     assert result.exit_code == 0, summary
     assert result.fingerprint == new_fp and new_fp in summary
     assert [(p, h) for p, h, _ in result.phases] == [
-        ("preflight", NODE), ("repos", NODE), ("gpu_stack", NODE), ("ofed", NODE), ("fabric", SM), ("storage", NODE)]
+        ("preflight", NODE), ("repos", NODE), ("ofed", NODE), ("gpu_stack", NODE), ("fabric", SM), ("storage", NODE)]
     assert result.peers == [PEER] and result.report is not None and result.report.verdict.exit_code == 0
 
     new = result.observation

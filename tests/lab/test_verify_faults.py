@@ -63,8 +63,10 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed {MPI_PACKAGES}",
-            "sm": "opensm doca-ofed"}
+PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests {MPI_PACKAGES}",
+            "sm": "opensm"}
+OFED_FIRST = "doca-ofed"
+"""Installed and loaded (openibd) before the driver, whose DKMS build of nvidia_peermem needs the OFED symbols."""
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
 
 
@@ -95,7 +97,8 @@ def _converge(host: str) -> None:
              "echo 'deb [signed-by=/etc/apt/keyrings/lab-vendor.gpg] file:/run/lab/vendor-repo bookworm main'"
              " > /etc/apt/sources.list.d/lab-vendor.list && "
              f"printf '%s' {shlex.quote(PINS)} > /etc/apt/preferences.d/lab-pins && "
-             f"{APT} update && {APT} install -y --no-install-recommends {PACKAGES[kind]}")
+             f"{APT} update && {APT} install -y --no-install-recommends {OFED_FIRST} && systemctl restart openibd && "
+             f"{APT} install -y --no-install-recommends {PACKAGES[kind]}")
     if kind == "gpu":
         sh(host, "modprobe nvidia_peermem")
         # what the nvidia_driver role does: persistenced with persistence mode on (the packaged unit says off)

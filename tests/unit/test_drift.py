@@ -214,7 +214,7 @@ def test_no_report_yet(tmp_path: Path) -> None:
 
 
 # --- the run engine's hook -------------------------------------------------------------------------------------
-PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml", "slurm.yml"]
+PLAYBOOKS = ["preflight.yml", "repos.yml", "ofed.yml", "gpu_stack.yml", "fabric.yml", "storage.yml", "slurm.yml"]
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
 
 

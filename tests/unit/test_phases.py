@@ -31,7 +31,7 @@ from provisioner.runner import FakeRun, PlaybookResult, fake_result
 from provisioner.state import journal_path, last_run, load_journal
 
 HOSTS = [f"gpu{i:02d}" for i in range(1, 11)] + ["sm1"]
-PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml", "slurm.yml"]
+PLAYBOOKS = ["preflight.yml", "repos.yml", "ofed.yml", "gpu_stack.yml", "fabric.yml", "storage.yml", "slurm.yml"]
 
 
 class ScriptedRunner:
@@ -93,12 +93,12 @@ def test_failed_host_is_set_aside_and_others_continue(tmp_path: Path, playbooks:
     j = run(tmp_path, playbooks, r)
     assert j.status == "partial"
     assert "gpu07" not in r.hosts_for("repos.yml") and "gpu03" in r.hosts_for("gpu_stack.yml")
-    assert "gpu03" not in r.hosts_for("ofed.yml") and "gpu01" in r.hosts_for("storage.yml")
+    assert "gpu03" not in r.hosts_for("fabric.yml") and "gpu01" in r.hosts_for("storage.yml")
     assert j.set_aside["gpu03"]["phase"] == "gpu_stack" and "dkms build failed" in j.set_aside["gpu03"]["reason"]
     assert j.set_aside["gpu07"]["state"] == "unreachable"
     rec = j.phase("gpu_stack")
     assert rec.status == "partial" and "gpu03" in rec.failed and "gpu03" not in rec.ok
-    assert j.hosts["gpu03"].completed == ["validate", "render", "preflight", "repos"]
+    assert j.hosts["gpu03"].completed == ["validate", "render", "preflight", "repos", "ofed"]
     assert retry_command(j) == "provision cluster.yaml --resume --limit 'gpu[03,07]' --max-fail 20"
     assert any("retry them: provision cluster.yaml --resume --limit 'gpu[03,07]'" in line
                for line in summary_lines(j))
@@ -193,9 +193,9 @@ def test_resume_picks_up_the_right_phase_and_hosts(tmp_path: Path, playbooks: Pa
     r2 = ScriptedRunner()
     j2 = run(tmp_path, playbooks, r2, RunOptions(resume=True, max_fail=20))
     assert j2.resumed_from == j1.run_id
-    assert [c[0] for c in r2.calls] == ["gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml", "slurm.yml"]
-    assert r2.hosts_for("gpu_stack.yml") == ["gpu03"]
-    assert r2.hosts_for("ofed.yml") == ["gpu03", "gpu08"]
+    assert [c[0] for c in r2.calls] == ["ofed.yml", "gpu_stack.yml", "fabric.yml", "storage.yml", "slurm.yml"]
+    assert r2.hosts_for("ofed.yml") == ["gpu08"]
+    assert r2.hosts_for("gpu_stack.yml") == ["gpu03", "gpu08"]
     assert j2.phase("preflight").status == "skipped"
     assert j2.status == "passed" and j2.set_aside == {}
     assert j2.hosts["gpu01"].completed == list(PHASE_NAMES)  # carried over
@@ -281,3 +281,30 @@ def test_provision_run_on_the_lab_example(tmp_path: Path, playbooks: Path, examp
     j2 = provision_run(examples_dir / "lab" / "cluster.yaml", RunOptions(max_fail=50), state_dir=tmp_path / "st",
                        runner=r2, playbooks_dir=playbooks)
     assert j2.status == "stopped" and "sm2 (subnet_manager,nfs_server)" in (j2.stop_reason or "")
+
+
+def _roles_in_order(playbook: Path) -> list[str]:
+    """The roles a playbook applies, play by play (import_playbook entries followed)."""
+    import yaml
+
+    roles: list[str] = []
+    for play in yaml.safe_load(playbook.read_text()):
+        imported = play.get("ansible.builtin.import_playbook") or play.get("import_playbook")
+        if imported:
+            roles += _roles_in_order(playbook.parent / imported)
+        for role in play.get("roles", []):
+            roles.append(role["role"] if isinstance(role, dict) else role)
+    return roles
+
+
+def test_ofed_converges_before_the_driver_and_peermem_after_both() -> None:
+    """nvidia_peermem built by DKMS before the OFED peer-memory symbols exist is a stub whose init returns
+    -EINVAL (NVIDIA conftest ib_peer_memory_symbols); NVIDIA and Azure's HPC images install DOCA-OFED first."""
+    from provisioner.phases import PHASES
+    from provisioner.runner import PLAYBOOKS_DIR
+
+    by_phases = [r for p in PHASES if p.playbook for r in _roles_in_order(PLAYBOOKS_DIR / p.playbook)]
+    by_site = _roles_in_order(PLAYBOOKS_DIR / "site.yml")
+    for order in (by_phases, by_site):
+        assert order.index("doca_ofed") < order.index("nvidia_driver") < order.index("nvidia_peermem"), order
+    assert by_site == by_phases

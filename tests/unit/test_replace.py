@@ -404,7 +404,7 @@ def test_replace_node_steps_in_order_limited_to_the_node_and_the_sm(spec: Path, 
     runs = ScriptedRuns()
     result = replace_node(spec, "gpu01", state_dir=state, accept_new_host_key=True, run=runs,
                           remote_factory=lambda t: scripted["remote"], verifier=scripted["verifier"])
-    assert runs.calls == [(["preflight", "repos", "gpu_stack", "ofed"], "gpu01"), (["fabric"], "sm1"),
+    assert runs.calls == [(["preflight", "repos", "ofed", "gpu_stack"], "gpu01"), (["fabric"], "sm1"),
                           (["storage"], "gpu01")]
     assert scripted["verified"] == [("gpu01", ["gpu02", "gpu03"])]
     assert [(c.key, c.old, c.new) for c in result.changes] == [("mlx5_0/1", "0x0000000000000abc",
@@ -423,7 +423,7 @@ def test_replace_node_stops_when_the_node_is_set_aside(spec: Path, tmp_path: Pat
     runs = ScriptedRuns(fail_at="preflight")
     result = replace_node(spec, "gpu02", state_dir=tmp_path / "s", accept_new_host_key=True, run=runs,
                           remote_factory=lambda t: scripted["remote"], verifier=scripted["verifier"])
-    assert runs.calls == [(["preflight", "repos", "gpu_stack", "ofed"], "gpu02")]
+    assert runs.calls == [(["preflight", "repos", "ofed", "gpu_stack"], "gpu02")]
     assert scripted["verified"] == [] and result.exit_code == 1
     assert result.stopped is not None and "apt broke" in result.stopped and "rerun provision replace-node" in \
         result.stopped
@@ -494,7 +494,7 @@ def test_replacing_the_sm_node_reconverges_the_sm_and_verifies_it_alone(spec: Pa
     runs = ScriptedRuns()
     result = replace_node(spec, "sm1", state_dir=tmp_path / "s", accept_new_host_key=True, run=runs,
                           remote_factory=lambda t: scripted["remote"], verifier=scripted["verifier"])
-    assert runs.calls == [(["preflight", "repos", "gpu_stack", "ofed"], "sm1"), (["fabric"], "sm1"),
+    assert runs.calls == [(["preflight", "repos", "ofed", "gpu_stack"], "sm1"), (["fabric"], "sm1"),
                           (["storage"], "sm1")]
     assert scripted["verified"] == [("sm1", [])] and result.exit_code == 0
     assert "no peer (links and versions only)" in "\n".join(summary_lines(result))

@@ -59,7 +59,7 @@ def test_provision_run_with_a_state_dir_names_it_in_the_retry(tmp_path: Path) ->
     spec = ROOT / "examples" / "lab" / "cluster.yaml"
     playbooks = tmp_path / "playbooks"
     playbooks.mkdir()
-    for name in ("preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml"):
+    for name in ("preflight.yml", "repos.yml", "ofed.yml", "gpu_stack.yml", "fabric.yml", "storage.yml"):
         (playbooks / name).write_text("---\n")
 
     def runner(playbook: Path, inventory_dir: Path, *, limit: list[str], **kw: object) -> PlaybookResult:

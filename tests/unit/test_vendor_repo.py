@@ -115,19 +115,22 @@ def test_packages_install_real_files(repo: RepoInfo, tmp_path: Path) -> None:
     lib = root / "usr/lib/x86_64-linux-gnu"
     assert (lib / "libnccl.so.2.21.5").is_file() and (lib / "libnccl.so.2").readlink() == Path("libnccl.so.2.21.5")
     root = _extract(repo, "nvidia-dkms-550-open", "550.90.07-0ubuntu1", tmp_path / "dkms")
-    store = root / "usr/lib/provisioner-lab/modules/nvidia-550.90.07-open"
-    assert {p.name for p in store.iterdir()} >= {"nvidia.ko", "nvidia_uvm.ko", "nvidia_peermem.ko"}
+    conf = (root / "usr/src/nvidia-550.90.07/dkms.conf").read_text()
+    assert 'PACKAGE_NAME="nvidia"' in conf and 'PACKAGE_VERSION="550.90.07"' in conf
+    assert {'BUILT_MODULE_NAME[0]="nvidia"', 'BUILT_MODULE_NAME[4]="nvidia_peermem"'} <= set(conf.splitlines())
     driver = json.loads((root / "usr/lib/provisioner-lab/nvidia-driver.version").read_text())
     assert driver == {"version": "550.90.07", "cuda": "12.4", "flavor": "open"}
 
 
-def test_module_postinst_installs_for_every_kernel(repo: RepoInfo, tmp_path: Path) -> None:
+def test_dkms_packages_build_through_dkms_for_the_running_kernel(repo: RepoInfo, tmp_path: Path) -> None:
     deb = next(repo.path.glob("pool/main/n/nvidia-dkms-550-open/*550.90.07*.deb"))
     ctrl = tmp_path / "ctrl"
     subprocess.run(["dpkg-deb", "-e", str(deb), str(ctrl)], check=True)
     script = (ctrl / "postinst").read_text()
-    assert "ls /lib/modules" in script and "uname -r" in script and "updates/dkms" in script
-    assert "updates/dkms" in (ctrl / "prerm").read_text()
+    assert "dkms add -m nvidia -v 550.90.07" in script and '/lib/modules/$KERNEL/build/include' in script
+    assert 'dkms install -m nvidia -v 550.90.07 -k "$KERNEL"' in script
+    assert "was skipped since the" in script  # dkms_common.postinst's words when the headers are missing
+    assert "dkms remove -m nvidia -v 550.90.07 --all" in (ctrl / "prerm").read_text()
 
 
 def test_rebuild_is_skipped_when_inputs_unchanged(tmp_path: Path) -> None:

@@ -17,6 +17,8 @@ kernel packages and are documented as patterns in docs/notes/vendor-repo.md.
 from __future__ import annotations
 
 import json
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -24,7 +26,6 @@ from typing import Literal
 SIMTOOLS_DIR = Path(__file__).resolve().parent.parent / "simtools"
 FILES_DIR = Path(__file__).resolve().parent / "files"
 LAB_LIB = "/usr/lib/provisioner-lab"
-MODULE_STORE = f"{LAB_LIB}/modules"
 MAINTAINER = "provisioner lab <lab@provisioner.invalid>"
 PERSISTENCED_USER = "nvidia-persistenced"
 
@@ -73,6 +74,11 @@ class VendorVersions:
     doca: str = "2.9.1"
     fabric_manager: bool = True
     nccl_tests: str = "2.13.10"
+    kernel_packages: bool = False
+    """Also stand-ins of the running kernel's image/headers packages and metapackages, plus a newer kernel
+    the metapackages' second version pulls in (what an unattended upgrade would install): see
+    :func:`kernel_recipes`. Off by default: an installed linux-headers stand-in would satisfy roles that
+    install the headers when the lab hides them."""
 
     @property
     def driver_branch(self) -> str:
@@ -143,39 +149,53 @@ def _library(directory: str, soname: str, full_version: str, what: str) -> tuple
     return _placeholder(f"{directory}/{real}", what), (f"{directory}/{soname}", real)
 
 
-def _module_scripts(store: str) -> tuple[str, str]:
-    """postinst/prerm that put ``*.ko`` stand-ins under every kernel's updates/dkms.
+def dkms_conf(name: str, version: str, modules: tuple[str, ...], make: str) -> str:
+    """A dkms.conf in the real format (the lab's simulated dkms reads it like dkms does)."""
+    lines = [f'PACKAGE_NAME="{name}"', f'PACKAGE_VERSION="{version}"', f'MAKE="{make}"', 'AUTOINSTALL="yes"']
+    for i, module in enumerate(modules):
+        lines += [f'BUILT_MODULE_NAME[{i}]="{module}"', f'DEST_MODULE_LOCATION[{i}]="/updates/dkms"']
+    return "\n".join(lines) + "\n"
 
-    The containers share the host kernel, so the modules go to every directory under
-    /lib/modules and to ``uname -r`` (the lab's simulated modprobe looks there).  Removal
-    runs in prerm, while the store the names come from still exists.
+
+def _dkms_scripts(name: str, version: str) -> tuple[str, str]:
+    """postinst/prerm of a ``*-dkms`` package, as dh_dkms writes them (dkms_common.postinst's logic).
+
+    postinst adds the source to DKMS and builds and installs it for the running kernel when its headers are
+    there (``/lib/modules/<kernel>/build/include``); without them it says so and builds nothing, like
+    dkms_common.postinst ("Module build for kernel ... was skipped since the kernel headers for this kernel
+    do not seem to be installed.").  prerm removes every build (``dkms remove --all``).  ``dkms`` is the
+    lab's simulated one in /usr/local/sbin (the image's lab layer), where the real package depends on dkms.
     """
     postinst = f"""#!/bin/sh
 set -e
+PATH=/usr/local/sbin:$PATH
 if [ "$1" = configure ]; then
-    for kver in $(ls /lib/modules 2>/dev/null) $(uname -r); do
-        mkdir -p "/lib/modules/$kver/updates/dkms"
-        cp -f {store}/*.ko "/lib/modules/$kver/updates/dkms/"
-    done
+    dkms add -m {name} -v {version}
+    KERNEL=$(uname -r)
+    if [ -e "/lib/modules/$KERNEL/build/include" ]; then
+        echo "Building for $KERNEL"
+        dkms build -m {name} -v {version} -k "$KERNEL"
+        dkms install -m {name} -v {version} -k "$KERNEL"
+    else
+        echo "Module build for kernel $KERNEL was skipped since the"
+        echo "kernel headers for this kernel do not seem to be installed."
+    fi
 fi
 exit 0
 """
     prerm = f"""#!/bin/sh
 set -e
-if [ "$1" = remove ] || [ "$1" = upgrade ] || [ "$1" = deconfigure ]; then
-    for kver in $(ls /lib/modules 2>/dev/null); do
-        for ko in {store}/*.ko; do
-            rm -f "/lib/modules/$kver/updates/dkms/$(basename "$ko")"
-        done
-    done
-fi
+PATH=/usr/local/sbin:$PATH
+case "$1" in
+    remove|upgrade|deconfigure)
+        if [ -n "$(dkms status -m {name} -v {version})" ]; then
+            dkms remove -m {name} -v {version} --all
+        fi
+        ;;
+esac
 exit 0
 """
     return postinst, prerm
-
-
-def _module_files(store: str, names: tuple[str, ...], what: str) -> tuple[FileEntry, ...]:
-    return tuple(_placeholder(f"{store}/{m}.ko", f"{what} kernel module {m}") for m in names)
 
 
 def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
@@ -190,8 +210,8 @@ def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
     version_file = json.dumps(
         {"version": ver, "cuda": DRIVER_CUDA.get(br, "12.4"), "flavor": v.driver_flavor}, sort_keys=True
     )
-    store = f"{MODULE_STORE}/nvidia-{ver}{suffix}"
-    postinst, prerm = _module_scripts(store)
+    postinst, prerm = _dkms_scripts("nvidia", ver)
+    make = "'make' -j$(nproc) KERNEL_UNAME=${kernelver} modules"
     kernel = PackageRecipe(
         name=f"nvidia-dkms-{br}{suffix}",
         version=deb_ver,
@@ -200,7 +220,8 @@ def driver_recipes(v: VendorVersions) -> list[PackageRecipe]:
         conflicts=(f"nvidia-dkms-{br}{other}",),
         provides=("nvidia-dkms-kernel",),
         files=(
-            *_module_files(store, NVIDIA_MODULES, f"NVIDIA {ver}"),
+            _text(f"/usr/src/nvidia-{ver}/dkms.conf", dkms_conf("nvidia", ver, NVIDIA_MODULES, make)),
+            _placeholder(f"/usr/src/nvidia-{ver}/nvidia-peermem/nvidia-peermem.c", "the nvidia-peermem source"),
             _text(f"{LAB_LIB}/nvidia-driver.version", version_file + "\n"),
         ),
         postinst=postinst,
@@ -449,12 +470,16 @@ After=local-fs.target
 
 [Service]
 Type=oneshot
+TimeoutSec=180
 RemainAfterExit=yes
-ExecStart=/bin/true
+ExecStart=/etc/init.d/openibd start bootid=%b
+ExecStop=/etc/init.d/openibd stop
+ExecReload=/etc/init.d/openibd restart bootid=%b
 
 [Install]
 WantedBy=sysinit.target
 """
+"""The real unit's Service section (mlnx-ofa_kernel ofed_scripts/openibd.service)."""
 
 
 def ofed_recipes(v: VendorVersions) -> list[PackageRecipe]:
@@ -462,10 +487,10 @@ def ofed_recipes(v: VendorVersions) -> list[PackageRecipe]:
     comp = _ofed_component_version(v)
     compact = v.ofed.replace("-", "").replace(".", "")
     tool_ver = f"{v.ofed.split('-', 1)[0]}.0-1.{compact}"
-    store = f"{MODULE_STORE}/mlnx-ofed-{v.ofed}"
-    kmod_postinst, kmod_prerm = _module_scripts(store)
-    nfs_store = f"{MODULE_STORE}/mlnx-nfsrdma-{v.ofed}"
-    nfs_postinst, nfs_prerm = _module_scripts(nfs_store)
+    dkms_version = comp.rsplit("-", 1)[0]
+    kmod_postinst, kmod_prerm = _dkms_scripts("mlnx-ofed-kernel", dkms_version)
+    ofed_make = f"./ofed_scripts/pre_build.sh $kernelver $kernel_source_dir mlnx-ofed-kernel {dkms_version}"
+    nfs_postinst, nfs_prerm = _dkms_scripts("mlnx-nfsrdma", dkms_version)
     components = {
         "ofed-scripts": comp,
         "mlnx-tools": tool_ver,
@@ -518,15 +543,23 @@ WantedBy=multi-user.target
             "Userspace tools to restart OFED kernel modules, lab stand-in",
             "utils",
             depends=(f"mlnx-ofed-kernel-dkms (= {comp})",),
-            # the real package ships openibd (loads the OFED stack at boot); the stand-in loads nothing
-            files=(_text("/lib/systemd/system/openibd.service", OPENIBD_UNIT),),
+            # openibd swaps the kernel's RDMA stack for the OFED build (the stand-in: simtools/openibd)
+            files=_present(
+                _text("/lib/systemd/system/openibd.service", OPENIBD_UNIT),
+                _tool("openibd", "/etc/init.d/openibd"),
+            ),
         ),
         PackageRecipe(
             "mlnx-ofed-kernel-dkms",
             comp,
             "DKMS support for mlnx-ofed kernel modules, lab stand-in",
             "kernel",
-            files=_module_files(store, OFED_MODULES, f"OFED {v.ofed}"),
+            files=(
+                _text(f"/usr/src/mlnx-ofed-kernel-{dkms_version}/dkms.conf",
+                      dkms_conf("mlnx-ofed-kernel", dkms_version, OFED_MODULES, ofed_make)),
+                _placeholder(f"/usr/src/mlnx-ofed-kernel-{dkms_version}/ofed_scripts/dkms_ofed_post_build.sh",
+                             "dkms_ofed_post_build.sh (the simulated dkms writes Module.symvers)"),
+            ),
             postinst=kmod_postinst,
             prerm=kmod_prerm,
         ),
@@ -538,7 +571,8 @@ WantedBy=multi-user.target
             "DKMS support for NFS RDMA kernel module, lab stand-in",
             "kernel",
             depends=(f"mlnx-ofed-kernel-dkms (= {comp})",),
-            files=_module_files(nfs_store, ("rpcrdma",), f"OFED {v.ofed} NFS/RDMA"),
+            files=(_text(f"/usr/src/mlnx-nfsrdma-{dkms_version}/dkms.conf",
+                         dkms_conf("mlnx-nfsrdma", dkms_version, ("rpcrdma",), "make -j$(nproc)")),),
             postinst=nfs_postinst,
             prerm=nfs_prerm,
         ),
@@ -590,6 +624,41 @@ WantedBy=multi-user.target
     return recipes
 
 
+def kernel_package_name(release: str) -> str:
+    """A kernel release as Debian package names carry it (lower case, only ``a-z0-9.+-``)."""
+    return re.sub(r"[^a-z0-9.+-]", "-", release.lower())
+
+
+def next_kernel(release: str) -> str:
+    """A newer kernel of the same flavour: the ABI number after the first ``-`` plus one (6.1.0-21-amd64 ->
+    6.1.0-22-amd64), else the release with ``+lab1``."""
+    bumped, n = re.subn(r"-(\d+)", lambda m: f"-{int(m.group(1)) + 1}", release, count=1)
+    return bumped if n else release + "+lab1"
+
+
+def kernel_recipes(release: str) -> list[PackageRecipe]:
+    """Stand-ins of Debian's kernel packages for the running kernel ``release`` and a newer one.
+
+    ``linux-image-<release>``/``linux-headers-<release>`` carry no files (the containers run the host's
+    kernel; the lab makes /lib/modules/<release>/build itself); the metapackages ``linux-image-amd64`` and
+    ``linux-headers-amd64`` come in version 1 (pulling the running kernel) and 2 (pulling the newer one), so an
+    ``apt-get upgrade`` that is not stopped by a hold installs a new kernel, as on a real node. The version
+    strings are the lab's own (Debian's carry the kernel's: 6.1.90-1).
+    """
+    current, newer = kernel_package_name(release), kernel_package_name(next_kernel(release))
+    out: list[PackageRecipe] = []
+    for meta_version, kernel in (("1", current), ("2", newer)):
+        for kind in ("image", "headers"):
+            out.append(PackageRecipe(
+                f"linux-{kind}-{kernel}", "1", f"Linux kernel {kind} for {kernel}, lab stand-in (no files)",
+                "kernel", files=(_placeholder(f"/usr/share/doc/linux-{kind}-{kernel}/lab-stand-in", f"linux-{kind}"),)))
+            out.append(PackageRecipe(
+                f"linux-{kind}-amd64", meta_version, f"Linux kernel {kind} metapackage (amd64), lab stand-in",
+                "kernel", depends=(f"linux-{kind}-{kernel}",)))
+    return out
+
+
 def recipes_for(v: VendorVersions) -> list[PackageRecipe]:
     """Every stand-in package of one pinned software set."""
-    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v)]
+    kernel = kernel_recipes(os.uname().release) if v.kernel_packages else []
+    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v), *kernel]

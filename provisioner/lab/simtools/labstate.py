@@ -228,20 +228,42 @@ def save_fabric(root: str, fabric: dict[str, Any]) -> None:
     _write_json(os.path.join(root, FABRIC_FILE), fabric)
 
 
-def load_modules(root: str, host: str) -> list[str]:
-    """Loaded kernel modules of ``host`` (most recently loaded first, like lsmod); [] if none."""
+def _modules_data(root: str, host: str) -> dict[str, Any]:
     try:
         data = _read_json(os.path.join(node_dir(root, host), MODULES_FILE))
     except FileNotFoundError:
-        return []
-    loaded = data.get("loaded", []) if isinstance(data, dict) else []
-    return [str(name) for name in loaded]
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
-def save_modules(root: str, host: str, loaded: list[str]) -> None:
-    """Write ``modules.json`` atomically, dropping duplicates but keeping order."""
+def load_modules(root: str, host: str) -> list[str]:
+    """Loaded kernel modules of ``host`` (most recently loaded first, like lsmod); [] if none."""
+    return [str(name) for name in _modules_data(root, host).get("loaded", [])]
+
+
+def load_module_builds(root: str, host: str) -> dict[str, dict[str, Any]]:
+    """Loaded module -> the DKMS build it was inserted from (``dkms``, ``kernel``, ``exports``: what the kernel
+    keeps of a loaded module); a loaded module not listed is the kernel's own build."""
+    builds = _modules_data(root, host).get("builds", {})
+    if not isinstance(builds, dict):
+        return {}
+    return {str(k): dict(v) for k, v in builds.items() if isinstance(v, dict)}
+
+
+def save_modules(root: str, host: str, loaded: list[str], builds: Mapping[str, Mapping[str, Any]] | None = None
+                 ) -> None:
+    """Write ``modules.json`` atomically, dropping duplicates but keeping order.
+
+    ``builds`` (module -> its DKMS build) replaces the recorded builds; without it the previous ones are kept
+    for the modules still loaded, so a writer that only drops a module (a fault) keeps the others' origin.
+    """
     unique = list(dict.fromkeys(loaded))
-    _write_json(os.path.join(node_dir(root, host), MODULES_FILE), {"loaded": unique})
+    known = dict(builds) if builds is not None else load_module_builds(root, host)
+    kept = {name: dict(build) for name, build in sorted(known.items()) if name in unique}
+    data: dict[str, Any] = {"loaded": unique}
+    if kept:
+        data["builds"] = kept
+    _write_json(os.path.join(node_dir(root, host), MODULES_FILE), data)
 
 
 # ---------------------------------------------------------------- sysfs rendering (pure)

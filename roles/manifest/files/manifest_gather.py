@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Print, as one JSON object, what is installed on this node (the provisioner manifest role's gatherer).
 
-Read-only: it runs dpkg-query, apt-mark, ofed_info and lsmod and reads /etc/os-release, /proc and
+Read-only: it runs dpkg-query, apt-mark, apt-config, ofed_info and lsmod and reads /etc/os-release, /proc and
 /sys/class/infiniband. Every value comes from the node itself, never from the cluster spec, so that
 comparing manifests across nodes (and with the spec) shows what really is there. The output has no
 timestamp: the same node state always gives the same bytes, which keeps the role idempotent.
@@ -79,6 +79,18 @@ def holds() -> list[str]:
     return sorted({ln.strip() for ln in text.splitlines() if ln.strip()}) if rc == 0 else []
 
 
+KERNEL_PACKAGE = re.compile(r"^linux-")
+BLACKLIST_LINE = re.compile(r'^Unattended-Upgrade::Package-Blacklist:: "(.*)";$')
+
+
+def kernel_hold(held: list[str]) -> dict[str, list[str]]:
+    """Whether the kernel is kept from moving: the held kernel packages (apt-mark hold) and the patterns
+    unattended-upgrades skips (its Package-Blacklist, from apt's merged configuration)."""
+    rc, text = run(["apt-config", "dump", "Unattended-Upgrade::Package-Blacklist"])
+    blacklist = [m.group(1) for m in map(BLACKLIST_LINE.match, text.splitlines()) if m] if rc == 0 else []
+    return {"held": sorted(p for p in held if KERNEL_PACKAGE.match(p)), "unattended_upgrades_blacklist": blacklist}
+
+
 def ofed() -> str | None:
     """`ofed_info -s` without the trailing colon (OFED-internal-24.10-1.1.4.0 / MLNX_OFED_LINUX-23.10-...)."""
     rc, text = run(["ofed_info", "-s"])
@@ -139,13 +151,15 @@ def main(argv: list[str]) -> int:
     if len(args) >= 2 and args[0] == "--module-regex":
         regex, args = args[1], args[2:]
     installed, managed_held = packages(args)
+    held = sorted(set(holds()) | set(managed_held))
     doc = {
         "schema": SCHEMA,
         "hostname": read("/proc/sys/kernel/hostname"),
         "os": os_release(),
         "kernel": read("/proc/sys/kernel/osrelease"),
         "packages": installed,
-        "holds": sorted(set(holds()) | set(managed_held)),
+        "holds": held,
+        "kernel_hold": kernel_hold(held),
         "ofed": ofed(),
         "modules": modules(regex),
         "hcas": hcas(),
