@@ -242,11 +242,14 @@ class _Verifier:
         lsmod = {n: _parsed("lsmod", d)[0] for n, d in self.on_all(["lsmod"], nodes).items()}
         smi = self.on_all(["nvidia-smi", "topo", "-m"], nodes)
         topo = {n: _parsed("nvidia-smi-topo", d)[0] for n, d in smi.items()}
+        probe = self.on_all(["sh", "-c", gpudirect.PERFTEST_PROBE], nodes)
+        perftest = {n: gpudirect.perftest_support(d) for n, d in probe.items()}
         cfg = self.cluster.spec.verify.bandwidth
         settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
         runner = bandwidth.ssh_runner(self.remote, self.cluster, numactl, settings, use_cuda=True,
-                                      cuda_gpu=gpudirect.nic_gpus(self.cluster, topo))
-        self.checks += gpudirect.check_gpudirect(self.cluster, lsmod, topo, runner, mode)
+                                      cuda_gpu=gpudirect.nic_gpus(self.cluster, topo),
+                                      cuda_dmabuf=gpudirect.dmabuf_mode(self.cluster))
+        self.checks += gpudirect.check_gpudirect(self.cluster, lsmod, topo, runner, mode, perftest)
 
     def nccl(self) -> None:
         gpu_nodes = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
@@ -341,7 +344,8 @@ def verify(
             progress(f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)")
             v.bandwidth(numactl, mode)
         if "gpudirect" in chosen:
-            progress("gpudirect: nvidia_peermem, GPU–NIC affinity, ib_write_bw --use_cuda")
+            progress("gpudirect: " + ("DMA-BUF" if gpudirect.dmabuf_mode(cluster) else "nvidia_peermem")
+                     + ", GPU–NIC affinity, ib_write_bw --use_cuda")
             v.gpudirect(numactl, mode)
         if "nccl" in chosen:
             progress("nccl: all_reduce_perf across the compute nodes")

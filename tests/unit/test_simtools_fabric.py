@@ -349,7 +349,8 @@ def test_write_bw_cuda_dmabuf_needs_open_modules_and_kernel_5_12_not_peermem(lab
     # perftest issue #336: --use_cuda_dmabuf before --use_cuda is refused by the parser
     order = run_cuda(lab, "gpu02", Path(tool), "--use_cuda_dmabuf", "--use_cuda=0", "127.0.0.1")
     assert order.returncode == 1
-    assert order.stderr.splitlines() == ["CUDA DMA-BUF cannot be used without CUDA", " Parser function exited with Error"]
+    assert order.stderr.splitlines() == [
+        "CUDA DMA-BUF cannot be used without CUDA", " Parser function exited with Error"]
     # proprietary modules: the GPU does not report CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (cuda_memory.c)
     driver_flavor(lab, "proprietary")
     prop = run_cuda(lab, "gpu02", Path(tool), *dmabuf, "127.0.0.1")
