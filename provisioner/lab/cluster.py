@@ -166,6 +166,9 @@ LAB_SITE_VARS: dict[str, bool | str] = {
     "nfs_client_userspace_tools": True,
     # a lab has no NFS clients whose locks need reclaiming; without this, opens fail for 90 s after each restart
     "nfs_server_ganesha_graceless": True,
+    # the node image has no compiler, autotools or CUDA headers: perftest_cuda installs the site-build stand-in
+    # package perftest-cuda instead of building perftest (the build itself is not proven in the lab)
+    "perftest_cuda_build_from_source": False,
 }
 """What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
 

@@ -57,6 +57,8 @@ def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
         env["NCCL_IB_TC"] = str(roce.traffic_class)
     if prof.nccl_topology_file:
         env["NCCL_TOPO_FILE"] = "/etc/nccl/topology.xml"
+    if rails and node.gpu_count and cluster.spec.gpudirect.mode == "dmabuf":
+        env["NCCL_DMABUF_ENABLE"] = "1"  # the default, said explicitly: dmabuf mode loads no nvidia_peermem
     return env
 
 
@@ -157,6 +159,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "nvidia_driver_fabric_manager": (spec.software.fabric_manager
                                              if spec.software.fabric_manager is not None else n.nvswitch),
             "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),
+            "perftest_cuda_enabled": (n.gpu_count > 0 and bool(n.rail_ports) and "compute" in n.roles
+                                      and "gpudirect" in spec.verify.tests),
             "nccl_conf": _nccl_env(cluster, n),
             **_roce_profile_vars(cluster, n),
         }
@@ -216,6 +220,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "cuda_version": spec.software.cuda,
         "nccl_version": spec.software.nccl,
         "nccl_tests_version": spec.software.nccl_tests,
+        "provisioner_gpudirect_mode": spec.gpudirect.mode,
+        "perftest_cuda_version": spec.software.perftest,
         "doca_ofed_flavor": spec.software.ofed.flavor,
         "doca_ofed_version": spec.software.ofed.version,
         "lustre_client_version": spec.software.lustre_client,

@@ -37,7 +37,8 @@ def test_overlay_shape() -> None:
                                   "nfs_server_require_kernel_nfsd": False,
                                   "lustre_client_require_kernel_support": False,
                                   "nfs_client_userspace_tools": True,
-                                  "nfs_server_ganesha_graceless": True}}
+                                  "nfs_server_ganesha_graceless": True,
+                                  "perftest_cuda_build_from_source": False}}
 
 
 def test_overlay_site_vars_are_role_variables_the_spec_accepts() -> None:
