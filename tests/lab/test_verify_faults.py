@@ -2,8 +2,9 @@
 
 One lab (examples/lab/cluster.yaml: gpu01-03 with two NDR rails, sm1/sm2 running opensm as master and
 standby) is brought up once for the module. The converge phase is stood in for by apt installs from the
-lab's signed vendor repository (driver, CUDA, NCCL, nccl-tests, DOCA-OFED with perftest on the GPU nodes,
-opensm on the SM nodes), ``modprobe nvidia_peermem`` and starting the SM units; from then on everything
+lab's signed vendor repository (driver, CUDA, NCCL, nccl-tests, DOCA-OFED with perftest and the site build
+perftest-cuda on the GPU nodes, opensm on the SM nodes), ``modprobe nvidia_peermem`` and starting the SM units;
+from then on everything
 goes through the product: ``verify(...)`` over SSH with verified host keys, Debian's real ``ibstat``, the
 simulated ``ib_write_bw``/``all_reduce_perf``/``iblinkinfo``/``sminfo``.
 
@@ -54,7 +55,8 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed", "sm": "opensm doca-ofed"}
+PACKAGES = {"gpu": "nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests doca-ofed perftest-cuda",
+            "sm": "opensm doca-ofed"}
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
 
 
