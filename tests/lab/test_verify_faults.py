@@ -17,6 +17,7 @@ Run: ``PROVISIONER_LAB_TEST_CLUSTER=<name> pytest -m lab tests/lab/test_verify_f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -37,7 +38,9 @@ from provisioner.lab import faults
 from provisioner.lab.fromspec import lab_cables, lab_nodes, lab_switches, lab_versions
 from provisioner.lab.host import ensure_containers_conf, podman
 from provisioner.lab.names import container_name
+from provisioner.lab.simtools import labstate
 from provisioner.spec import Cluster, load_cluster
+from provisioner.spec.models import GpuDirect
 from provisioner.verify import VerifyRun, verify
 
 pytestmark = [
@@ -263,6 +266,27 @@ def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:
     nccl = errors_of(run, "nccl")
     assert [f.node for f in nccl] == [None, "gpu03"], show(nccl)  # the cluster run, then the follow-up's verdict
     assert_only_blamed(run, {"gpu03"})
+
+
+def test_dmabuf_mode_needs_no_peermem_but_a_new_enough_kernel(labc: Lab) -> None:
+    # gpudirect.mode dmabuf: --use_cuda_dmabuf through perftest-cuda, the open-module driver, no nvidia_peermem.
+    spec = labc.cluster.spec.model_copy(update={"gpudirect": GpuDirect(mode="dmabuf")})
+    dmabuf = dataclasses.replace(labc.cluster, spec=spec)
+    sh("gpu03", "rmmod nvidia_peermem")
+    node = labstate.load_node(labc.root, "gpu02")
+    try:
+        run = verify(dmabuf, tests=["gpudirect"], write=False)
+        gdr = next(c for c in run.report.checks if c.name == "gpudirect_bandwidth")
+        assert gdr.passed and gdr.skipped is None, show(run.report.findings())
+        assert not serious(run), show(serious(run))
+        labstate.save_node(labc.root, {**node, "kernel": "5.10.0-28-amd64"})  # rehearse a kernel without dma-buf MRs
+        old = verify(dmabuf, tests=["gpudirect"], write=False)
+    finally:
+        labstate.save_node(labc.root, node)
+        sh("gpu03", "modprobe nvidia_peermem")
+    gdr_errors = errors_of(old, "gpudirect_bandwidth")
+    assert {f.node for f in gdr_errors} == {"gpu02"} and "--use_cuda_dmabuf" in gdr_errors[0].message, show(gdr_errors)
+    assert_only_blamed(old, {"gpu02"})
 
 
 def test_slow_rail_fails_nccl_and_the_follow_up_names_the_node(labc: Lab) -> None:
