@@ -63,16 +63,18 @@ def dmabuf_mode(cluster: Cluster) -> bool:
 
 
 def perftest_problems(cluster: Cluster, support: Mapping[str, PerftestCuda | None]) -> dict[str, str]:
-    """node → why its perftest cannot run the GPUDirect test (nodes not probed are left out)."""
+    """node → why its perftest cannot run the GPUDirect test.
+
+    Nodes not probed, or whose probe did not come back (unreachable), are left to the runs, which report
+    them as they report any unreachable node.
+    """
     need_dmabuf = dmabuf_mode(cluster)
     out: dict[str, str] = {}
     for node in gpu_nodes(cluster):
-        if node.name not in support:
-            continue
-        s = support[node.name]
+        s = support.get(node.name)
         if s is None:
-            out[node.name] = f"{node.name}: the perftest probe did not answer"
-        elif s.path is None:
+            continue
+        if s.path is None:
             out[node.name] = f"{node.name}: no ib_write_bw on the PATH"
         elif not s.use_cuda:
             out[node.name] = f"{node.name}: {s.path} was built without CUDA (its --help lists no --use_cuda)"
