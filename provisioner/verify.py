@@ -315,11 +315,14 @@ class _Verifier:
         lsmod = {n: _parsed("lsmod", d)[0] for n, d in self.on_all(["lsmod"], nodes).items()}
         smi = self.on_all(["nvidia-smi", "topo", "-m"], nodes)
         topo = {n: _parsed("nvidia-smi-topo", d)[0] for n, d in smi.items()}
+        probe = self.on_all(["sh", "-c", gpudirect.PERFTEST_PROBE], nodes)
+        perftest = {n: gpudirect.perftest_support(d) for n, d in probe.items()}
         cfg = cluster.spec.verify.bandwidth
         settings = PerftestSettings(size=cfg.message_size, duration=cfg.duration, server_grace_s=self.grace_s)
         runner = bandwidth.ssh_runner(self.remote, cluster, numactl, settings, use_cuda=True,
-                                      cuda_gpu=gpudirect.nic_gpus(cluster, topo))
-        return gpudirect.check_gpudirect(cluster, lsmod, topo, runner, mode)
+                                      cuda_gpu=gpudirect.nic_gpus(cluster, topo),
+                                      cuda_dmabuf=gpudirect.dmabuf_mode(cluster))
+        return gpudirect.check_gpudirect(cluster, lsmod, topo, runner, mode, perftest)
 
     def nccl(self) -> None:
         every = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
@@ -529,7 +532,8 @@ def verify(
             progress("bandwidth: every port at once to a partner on another leaf (load across leaves)")
             v.load_round(numactl)
         if "gpudirect" in chosen:
-            progress("gpudirect: nvidia_peermem, GPU–NIC affinity, ib_write_bw --use_cuda")
+            progress("gpudirect: " + ("DMA-BUF" if gpudirect.dmabuf_mode(cluster) else "nvidia_peermem")
+                     + ", GPU–NIC affinity, ib_write_bw --use_cuda")
             v.gpudirect(numactl, mode)
         if "nccl" in chosen:
             progress("nccl: all_reduce_perf across the compute nodes")

@@ -194,12 +194,12 @@ def check_bandwidth(cluster: Cluster, runner: PairRunner, mode: str | None = Non
 
 def ssh_runner(
     remote: Remote, cluster: Cluster, numactl: Mapping[str, bool], settings: PerftestSettings | None = None,
-    *, use_cuda: bool = False, cuda_gpu: Mapping[tuple[str, str], int] | None = None,
+    *, use_cuda: bool = False, cuda_gpu: Mapping[tuple[str, str], int] | None = None, cuda_dmabuf: bool = False,
 ) -> PairRunner:
     """A :data:`PairRunner` that runs ib_write_bw over ``remote`` (TCP port 18515 + rail).
 
     With ``use_cuda`` each end uses the GPU ``cuda_gpu[(node, device)]`` (from ``nvidia-smi topo -m``), else
-    the spec's ``gpu:`` of that port.
+    the spec's ``gpu:`` of that port; ``cuda_dmabuf`` registers it through DMA-BUF (``--use_cuda_dmabuf``).
     """
     cfg = cluster.spec.verify.bandwidth
     st = settings or PerftestSettings(size=cfg.message_size, duration=cfg.duration)
@@ -214,6 +214,6 @@ def ssh_runner(
         cuda = (s_gpu, c_gpu) if use_cuda and s_gpu is not None and c_gpu is not None else None
         return run_pair(remote, (server, s_port, numactl.get(server, False)),
                         (client, c_port, numactl.get(client, False)), s_node.address, st,
-                        BASE_TCP_PORT + rail, use_cuda=cuda)
+                        BASE_TCP_PORT + rail, use_cuda=cuda, cuda_dmabuf=cuda_dmabuf and cuda is not None)
 
     return run

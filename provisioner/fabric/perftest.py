@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from provisioner.errors import ParseError, RemoteError
 from provisioner.parsers import parse
+from provisioner.parsers.perftest import cuda_options
 from provisioner.remote import Remote
 from provisioner.spec.cluster import Port
 
@@ -32,10 +33,15 @@ class PerftestSettings:
 
 @dataclass(frozen=True, slots=True)
 class PairRun:
-    """The outcome of one pair: bandwidth (Gb/s, average) or None with the reason."""
+    """The outcome of one pair: bandwidth (Gb/s, average) or None with the reason.
+
+    ``tool_refused`` is set when the perftest build itself refused the GPU memory options (built without
+    CUDA or without DMA-BUF): nothing was measured and no port or node is at fault.
+    """
 
     gbps: float | None
     detail: str
+    tool_refused: str | None = None
 
 
 def perftest_argv(
@@ -46,11 +52,13 @@ def perftest_argv(
     numactl: bool,
     server: str | None = None,
     use_cuda: int | None = None,
+    cuda_dmabuf: bool = False,
 ) -> list[str]:
     """``[numactl --cpunodebind=N] ib_write_bw -d DEV -i PORT -s SIZE -D DUR --report_gbits -F -p TCP [...]``.
 
     ``numactl`` pins to the HCA's NUMA node only when the tool exists on the node and the spec knows the
-    node (a wrong pin is worse than none). ``server`` is the address the client connects to.
+    node (a wrong pin is worse than none). ``server`` is the address the client connects to. ``cuda_dmabuf``
+    adds ``--use_cuda_dmabuf`` after ``--use_cuda`` (perftest refuses it before: issue #336).
     """
     argv: list[str] = []
     if numactl and port.numa is not None:
@@ -61,6 +69,8 @@ def perftest_argv(
     ]
     if use_cuda is not None:
         argv.append(f"--use_cuda={use_cuda}")
+        if cuda_dmabuf:
+            argv.append("--use_cuda_dmabuf")
     if server is not None:
         argv.append(server)
     return argv
@@ -77,6 +87,9 @@ def read_result(rc: int, stdout: str, stderr: str) -> PairRun:
         return PairRun(None, "timed out: the peer hung or died" + (f" ({_tail(stderr, 1)})" if stderr else ""))
     if rc == 255:
         return PairRun(None, f"node unreachable: {_tail(stderr, 1)}")
+    refused = cuda_options(stdout + "\n" + stderr)["refused"] if rc else None
+    if refused:
+        return PairRun(None, f"exit {rc}: {refused}", tool_refused=refused)
     try:
         parsed = parse("perftest", stdout + ("\n" + stderr if rc else ""))
     except ParseError:
@@ -100,15 +113,17 @@ def run_pair(
     tcp_port: int,
     *,
     use_cuda: tuple[int, int] | None = None,
+    cuda_dmabuf: bool = False,
     sleep: Callable[[float], None] = time.sleep,
 ) -> PairRun:
     """One ``ib_write_bw`` run: ``server``/``client`` are (host, port, numactl available)."""
     s_host, s_port, s_numa = server
     c_host, c_port, c_numa = client
     budget = settings.duration + settings.slack_s
-    s_argv = perftest_argv(s_port, settings, tcp_port, numactl=s_numa, use_cuda=use_cuda[0] if use_cuda else None)
+    s_argv = perftest_argv(s_port, settings, tcp_port, numactl=s_numa, use_cuda=use_cuda[0] if use_cuda else None,
+                           cuda_dmabuf=cuda_dmabuf)
     c_argv = perftest_argv(c_port, settings, tcp_port, numactl=c_numa, server=server_address,
-                           use_cuda=use_cuda[1] if use_cuda else None)
+                           use_cuda=use_cuda[1] if use_cuda else None, cuda_dmabuf=cuda_dmabuf)
     try:
         bg = remote.start(s_host, s_argv, timeout=budget + settings.server_grace_s + 5)
     except RemoteError as exc:
@@ -127,7 +142,8 @@ def run_pair(
         result = read_result(done.rc, done.stdout, done.stderr)
         srv = bg.wait(timeout=5 if done.rc == 0 else 1)
         if result.gbps is None and srv.rc not in (0, 124) and srv.stderr.strip():
-            result = PairRun(None, f"{result.detail}; server {s_host}: {_tail(srv.stderr, 2)}")
+            refused = result.tool_refused or cuda_options(srv.stdout + "\n" + srv.stderr)["refused"]
+            result = PairRun(None, f"{result.detail}; server {s_host}: {_tail(srv.stderr, 2)}", refused)
         return result
     finally:
         bg.kill()

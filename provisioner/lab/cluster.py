@@ -175,6 +175,9 @@ LAB_SITE_VARS: dict[str, bool | str] = {
     # configures and checks their addresses and MTU, and says the IPoIB mode and P_Key cannot take effect there;
     # `provision verify` reports those as not checked.
     "ipoib_require_infiniband": False,
+    # the node image has no compiler, autotools or CUDA headers: perftest_cuda installs the site-build stand-in
+    # package perftest-cuda instead of building perftest (the build itself is not proven in the lab)
+    "perftest_cuda_build_from_source": False,
 }
 """What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
 

@@ -119,6 +119,7 @@ def lab_versions(cluster: Cluster) -> VendorVersions:
     return VendorVersions(
         driver=sw.driver.version, driver_flavor=sw.driver.kernel_modules, cuda=sw.cuda, nccl=sw.nccl,
         ofed_kind=ofed_kind, ofed=ofed, doca=doca, fabric_manager=fabric_manager, nccl_tests=sw.nccl_tests,
+        perftest_cuda=sw.perftest,
     )
 
 
@@ -134,4 +135,5 @@ def drift_versions(pinned: VendorVersions) -> VendorVersions:
         pinned,
         driver=DRIFT["driver"].get(pinned.driver, _bump(pinned.driver)),
         nccl=DRIFT["nccl"].get(pinned.nccl, _bump(pinned.nccl)),
+        perftest_cuda=_bump(pinned.perftest_cuda),
     )

@@ -222,3 +222,30 @@ def parse_perftest(text: str) -> dict[str, Any]:
         "errors": errors,
         "warnings": warnings,
     }
+
+
+# --- CUDA support of a perftest build (added for the gpudirect check) ----------------------------------------
+# perftest's usage() lists --use_cuda only when built with CUDA (``#ifdef HAVE_CUDA`` before 23.07,
+# ``cuda_memory_supported()`` after) and --use_cuda_dmabuf only with HAVE_CUDA_DMABUF. A build without them
+# refuses the option: glibc getopt_long's "unrecognized option" (options compiled out, e.g. Debian's 4.5+0.17),
+# " Unsupported memory type" (23.07+: parsed, then refused), or "DMABUF requested but not supported in this build".
+_USAGE_CUDA_RE = re.compile(r"^\s+--use_cuda=<", re.MULTILINE)
+_USAGE_DMABUF_RE = re.compile(r"^\s+--use_cuda_dmabuf\b", re.MULTILINE)
+_CUDA_REFUSED_RE = re.compile(
+    r"unrecognized option '--use_cuda[^']*'|^ ?Unsupported memory type$"
+    r"|DMABUF requested but not supported in this build",
+    re.MULTILINE,
+)
+
+
+def cuda_options(text: str) -> dict[str, Any]:
+    """Which GPU memory options a perftest build has, from its ``--help`` or from a run it refused.
+
+    ``refused`` is the line in which the build rejects a CUDA option (None when it did not).
+    """
+    refused = _CUDA_REFUSED_RE.search(text or "")
+    return {
+        "use_cuda": bool(_USAGE_CUDA_RE.search(text or "")),
+        "use_cuda_dmabuf": bool(_USAGE_DMABUF_RE.search(text or "")),
+        "refused": refused.group(0).strip() if refused else None,
+    }

@@ -69,6 +69,8 @@ def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
     if cluster.spec.fabric.type == "roce" and roce is not None:
         env["NCCL_IB_GID_INDEX"] = str(roce.gid_index)
         env["NCCL_IB_TC"] = str(roce.traffic_class)
+    if rails and node.gpu_count and cluster.spec.gpudirect.mode == "dmabuf":
+        env["NCCL_DMABUF_ENABLE"] = "1"  # the default, said explicitly: dmabuf mode loads no nvidia_peermem
     return env
 
 
@@ -229,6 +231,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "nvidia_driver_fabric_manager": (spec.software.fabric_manager
                                              if spec.software.fabric_manager is not None else n.nvswitch),
             "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),
+            "perftest_cuda_enabled": (n.gpu_count > 0 and bool(n.rail_ports) and "compute" in n.roles
+                                      and "gpudirect" in spec.verify.tests),
             "nccl_conf": _nccl_env(cluster, n),
             **({"nccl_topo_file": _spec_relative(cluster, spec.profiles[pname].nccl_topology_file)}
                if spec.profiles[pname].nccl_topology_file else {}),
@@ -301,6 +305,8 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "cuda_version": spec.software.cuda,
         "nccl_version": spec.software.nccl,
         "nccl_tests_version": spec.software.nccl_tests,
+        "provisioner_gpudirect_mode": spec.gpudirect.mode,
+        "perftest_cuda_version": spec.software.perftest,
         "doca_ofed_flavor": spec.software.ofed.flavor,
         "doca_ofed_version": spec.software.ofed.version,
         "lustre_client_version": spec.software.lustre_client,

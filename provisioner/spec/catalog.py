@@ -18,22 +18,26 @@ class GpuModel:
     form: str  # "sxm" or "pcie"
     nvlink_gbps: float  # per-GPU NVLink bandwidth (one direction, GB/s), 0 for none
     pcie_gen: int
+    arch: str = ""  # GPU architecture (volta, ampere, ada, hopper, blackwell): what the open kernel modules support
 
 
 GPU_MODELS: dict[str, GpuModel] = {
     g.key: g
     for g in (
-        GpuModel("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 40960, "sxm", 300, 4),
-        GpuModel("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 81920, "sxm", 300, 4),
-        GpuModel("A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", 40960, "pcie", 0, 4),
-        GpuModel("A100-PCIE-80GB", "NVIDIA A100 80GB PCIe", 81920, "pcie", 0, 4),
-        GpuModel("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 81559, "sxm", 450, 5),
-        GpuModel("H100-PCIE-80GB", "NVIDIA H100 PCIe", 81559, "pcie", 0, 5),
-        GpuModel("H100-NVL-94GB", "NVIDIA H100 NVL", 95830, "pcie", 0, 5),
-        GpuModel("H200-SXM-141GB", "NVIDIA H200", 143771, "sxm", 450, 5),
-        GpuModel("B200-SXM-180GB", "NVIDIA B200", 183359, "sxm", 900, 6),
-        GpuModel("L40S", "NVIDIA L40S", 46068, "pcie", 0, 4),
-        GpuModel("L4", "NVIDIA L4", 23034, "pcie", 0, 4),
+        # Volta: nvidia-smi name and 32768 MiB as nvidia-smi prints them (captured outputs, e.g. in public issue
+        # threads); NVLink 2.0: 6 links x 25 GB/s per direction; PCIe gen 3.
+        GpuModel("V100-SXM2-32GB", "Tesla V100-SXM2-32GB", 32768, "sxm", 150, 3, "volta"),
+        GpuModel("A100-SXM4-40GB", "NVIDIA A100-SXM4-40GB", 40960, "sxm", 300, 4, "ampere"),
+        GpuModel("A100-SXM4-80GB", "NVIDIA A100-SXM4-80GB", 81920, "sxm", 300, 4, "ampere"),
+        GpuModel("A100-PCIE-40GB", "NVIDIA A100-PCIE-40GB", 40960, "pcie", 0, 4, "ampere"),
+        GpuModel("A100-PCIE-80GB", "NVIDIA A100 80GB PCIe", 81920, "pcie", 0, 4, "ampere"),
+        GpuModel("H100-SXM5-80GB", "NVIDIA H100 80GB HBM3", 81559, "sxm", 450, 5, "hopper"),
+        GpuModel("H100-PCIE-80GB", "NVIDIA H100 PCIe", 81559, "pcie", 0, 5, "hopper"),
+        GpuModel("H100-NVL-94GB", "NVIDIA H100 NVL", 95830, "pcie", 0, 5, "hopper"),
+        GpuModel("H200-SXM-141GB", "NVIDIA H200", 143771, "sxm", 450, 5, "hopper"),
+        GpuModel("B200-SXM-180GB", "NVIDIA B200", 183359, "sxm", 900, 6, "blackwell"),
+        GpuModel("L40S", "NVIDIA L40S", 46068, "pcie", 0, 4, "ada"),
+        GpuModel("L4", "NVIDIA L4", 23034, "pcie", 0, 4, "ada"),
     )
 }
 

@@ -30,6 +30,25 @@ OS_FIRST_CUDA: dict[str, tuple[int, int]] = {"debian-12": (12, 3), "ubuntu-24.04
 # GPU architectures that require the open kernel modules: NVIDIA driver README, "NVIDIA Open GPU Kernel Modules"
 # (Grace Hopper and Blackwell are supported only by the open modules).
 OPEN_MODULES_REQUIRED = {"B200-SXM-180GB"}
+# Architectures the open kernel modules do not support: NVIDIA driver installation guide, "Kernel Modules"
+# (docs.nvidia.com/datacenter/tesla/driver-installation-guide/kernel-modules.html): from R515 there are two
+# flavours; the proprietary one "is required for older GPUs from the Maxwell, Pascal, or Volta architectures",
+# the open one is "only for Turing and newer architectures".
+OPEN_MODULES_UNSUPPORTED_ARCHS = {"maxwell", "pascal", "volta"}
+# GPUDirect RDMA through Linux DMA-BUF instead of nvidia_peermem (spec gpudirect.mode: dmabuf):
+#  - open kernel modules, R515 or later: linux-rdma/perftest README "CUDA DMA-BUF requierments" ("NVIDIA
+#    Open-Source GPU Kernel Modules version 515 or later", "CUDA Toolkit 11.7 or later");
+#  - CUDA 11.7: NCCL src/init.cc dmaBufSupported() needs cudaDriverVersion >= 11070 and the GPU's
+#    CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED; perftest's configure tests CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD;
+#  - NCCL 2.13: NCCL_DMABUF_ENABLE "(since 2.13)", default 1 (NVIDIA/nccl docs/userguide env.rst); an older NCCL
+#    has no DMA-BUF path and, without nvidia_peermem, no GPUDirect RDMA at all;
+#  - Linux 5.12 added dma-buf memory registration to the RDMA core (ibv_reg_dmabuf_mr; oneCCL's dmabuf guide
+#    lists "Linux kernel version >= 5.12"). Every OS the spec allows ships a newer kernel (22.04: 5.15, 24.04:
+#    6.8, Debian 12: 6.1), so this one is checked on the node by the nvidia_peermem role, not here.
+DMABUF_MIN_DRIVER_BRANCH = 515
+DMABUF_MIN_CUDA = (11, 7)
+DMABUF_MIN_NCCL = (2, 13)
+DMABUF_MIN_KERNEL = "5.12"
 # First driver branch that supports a GPU model (driver release notes, "supported products").
 GPU_MIN_BRANCH: dict[str, int] = {"H200-SXM-141GB": 550, "B200-SXM-180GB": 570, "H100-SXM5-80GB": 525,
                                   "H100-PCIE-80GB": 525, "H100-NVL-94GB": 535, "L40S": 525}
@@ -170,6 +189,12 @@ def compat_table() -> list[tuple[str, str, str]]:
     for gpu, branch in sorted(GPU_MIN_BRANCH.items()):
         extra = ", open kernel modules only" if gpu in OPEN_MODULES_REQUIRED else ""
         rows.append(("driver", gpu, f"branch >= {branch}{extra}"))
+    rows.append(("driver", "Maxwell, Pascal, Volta GPUs", "proprietary kernel modules only"))
+    rows.append(("GPUDirect DMA-BUF", "gpudirect.mode: dmabuf",
+                 f"open kernel modules (Turing or newer), driver branch >= {DMABUF_MIN_DRIVER_BRANCH}, "
+                 f"CUDA >= {DMABUF_MIN_CUDA[0]}.{DMABUF_MIN_CUDA[1]}, "
+                 f"NCCL >= {DMABUF_MIN_NCCL[0]}.{DMABUF_MIN_NCCL[1]}, "
+                 f"kernel >= {DMABUF_MIN_KERNEL}; no nvidia_peermem"))
     for nccl, builds in sorted(NCCL_CUDA_BUILDS.items(), key=lambda kv: version_tuple(kv[0])):
         rows.append(("NCCL", nccl, "built for CUDA " + ", ".join(builds) + " (same CUDA major)"))
     for doca, ofed in sorted(DOCA_OFED.items(), key=lambda kv: version_tuple(kv[0])):

@@ -102,7 +102,7 @@ def _interfaces(cluster: Cluster) -> Iterable[IpoibIf]:
         subnet = subnet_of(net.subnet)
         try:
             names = network_members(net, cluster)
-            addrs = hostlist.expand(net.address)
+            addrs = hostlist.expand(net.address, ordered=True)
         except hostlist.HostlistError:
             continue
         if subnet is None or len(names) != len(addrs):
@@ -124,7 +124,7 @@ def _interfaces(cluster: Cluster) -> Iterable[IpoibIf]:
                 continue
             try:
                 cnames = child_members(net, ci, cluster, part)
-                caddrs = hostlist.expand(child.address)
+                caddrs = hostlist.expand(child.address, ordered=True)
             except hostlist.HostlistError:
                 continue
             if len(cnames) != len(caddrs):

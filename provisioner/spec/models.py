@@ -129,6 +129,8 @@ class Software(Strict):
     ofed: Ofed = Field(default_factory=lambda: Ofed(flavor="inbox"), description="RDMA stack (DOCA-OFED/MLNX_OFED).")
     fabric_manager: bool | None = Field(None, description="Install nvidia-fabricmanager; default: on NVSwitch nodes.")
     nccl_tests: Version = Field("2.13.10", description="nccl-tests version used by verification.")
+    perftest: Version = Field("25.10.0-0.128", description="perftest release the perftest_cuda role builds with CUDA "
+                              "(linux-rdma/perftest tag) for the GPUDirect bandwidth check.")
     lustre_client: Version | None = Field(None, description="Lustre client version, when Lustre mounts exist.")
 
     @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", mode="before")
@@ -351,6 +353,13 @@ class Storage(Strict):
     min_write_mbps: float | None = Field(None, gt=0, description="Optional throughput floor for the round trip.")
 
 
+# --- GPUDirect RDMA --------------------------------------------------------------------------------------------
+class GpuDirect(Strict):
+    mode: Literal["peermem", "dmabuf"] = Field(
+        "peermem", description="How the HCAs reach GPU memory: the nvidia_peermem module, or Linux DMA-BUF (open "
+        "kernel modules on Turing or newer, kernel >= 5.12, CUDA >= 11.7, NCCL >= 2.13; no nvidia_peermem).")
+
+
 # --- verification ----------------------------------------------------------------------------------------------
 class BandwidthCheck(Strict):
     min_fraction: float = Field(0.9, gt=0, le=1, description="Pass threshold as a fraction of line rate.")
@@ -424,6 +433,7 @@ class Spec(Strict):
     fabric: Fabric = Field(description="The RDMA fabric: type, rate, topology, subnet manager, partitions.")
     switches: list[Switch] = Field(default_factory=list, description="Fabric switches (topology and management).")
     storage: Storage = Field(default_factory=Storage, description="NFS exports/mounts and Lustre mounts.")
+    gpudirect: GpuDirect = Field(default_factory=GpuDirect, description="GPUDirect RDMA: peermem or DMA-BUF.")
     verify: Verify = Field(default_factory=Verify, description="What `provision verify` checks and its thresholds.")
     slurm: Slurm | None = Field(None, description="The Slurm cluster on these nodes (controller, partitions); "
                                 "rolling changes and failover drain and resume nodes through it.")

@@ -541,6 +541,45 @@ def _gpu_driver(c: Cluster, rep: Reporter, r: Rule) -> None:
             r.report(rep, ("software", "driver", "kernel_modules"),
                      f"{prof.gpu.model} (profile '{pname}') is supported only by the open kernel modules",
                      "set kernel_modules: open")
+        model = GPU_MODELS.get(prof.gpu.model)
+        if model and model.arch in compat.OPEN_MODULES_UNSUPPORTED_ARCHS and drv.kernel_modules == "open":
+            r.report(rep, ("software", "driver", "kernel_modules"),
+                     f"{prof.gpu.model} (profile '{pname}') is {model.arch.capitalize()}: the open kernel modules "
+                     "support Turing and newer only", "set kernel_modules: proprietary")
+
+
+@rule("GPUDIRECT-DMABUF", "error",
+      "GPUDirect RDMA through DMA-BUF (gpudirect.mode: dmabuf) needs the open kernel modules (R515+, Turing or "
+      "newer GPUs), CUDA 11.7+ and NCCL 2.13+; without them nvidia_peermem, which dmabuf mode does not load, was "
+      "the only path and NCCL silently stages through host memory.")
+def _gpudirect_dmabuf(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec import compat
+
+    if c.spec.gpudirect.mode != "dmabuf" or not any(n.gpu_count for n in c.nodes):
+        return
+    sw = c.spec.software
+    where = ("gpudirect", "mode")
+    if sw.driver.kernel_modules != "open":
+        r.report(rep, where, "DMA-BUF needs the open kernel modules, but software.driver.kernel_modules is "
+                 f"{sw.driver.kernel_modules}", "set software.driver.kernel_modules: open, or gpudirect.mode: peermem")
+    branch = compat.version_tuple(sw.driver.version)[:1]
+    if branch and branch[0] < compat.DMABUF_MIN_DRIVER_BRANCH:
+        r.report(rep, where, f"DMA-BUF needs driver branch {compat.DMABUF_MIN_DRIVER_BRANCH} or newer, not "
+                 f"driver branch {branch[0]}", f"pin a driver from branch >= {compat.DMABUF_MIN_DRIVER_BRANCH}")
+    cuda = compat.version_tuple(sw.cuda)[:2]
+    if cuda and cuda < compat.DMABUF_MIN_CUDA:
+        need = ".".join(map(str, compat.DMABUF_MIN_CUDA))
+        r.report(rep, where, f"DMA-BUF needs CUDA {need} or newer, not CUDA {sw.cuda}", f"pin CUDA >= {need}")
+    nccl = compat.version_tuple(sw.nccl)[:2]
+    if nccl and nccl < compat.DMABUF_MIN_NCCL:
+        need = ".".join(map(str, compat.DMABUF_MIN_NCCL))
+        r.report(rep, where, f"NCCL {sw.nccl} has no DMA-BUF support (NCCL_DMABUF_ENABLE came in {need}): "
+                 "without nvidia_peermem it has no GPUDirect RDMA at all", f"pin NCCL >= {need}")
+    for pname, prof in c.spec.profiles.items():
+        model = GPU_MODELS.get(prof.gpu.model) if prof.gpu else None
+        if model and model.arch in compat.OPEN_MODULES_UNSUPPORTED_ARCHS:
+            r.report(rep, where, f"{model.key} (profile '{pname}') is {model.arch.capitalize()}: the open kernel "
+                     "modules, which DMA-BUF needs, support Turing and newer only", "set gpudirect.mode: peermem")
 
 
 @rule("COMPAT-NCCL-CUDA", "error",

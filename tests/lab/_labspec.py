@@ -12,8 +12,8 @@ CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labtest")
 """Overridable so that two runs on one host (a CI job and a developer) do not share containers."""
 
 
-# The apt pinning the gpu_stack role writes for examples/lab/cluster.yaml's pins: with it the pinned releases win
-# over the lab repository's newer drift set when a test installs packages by hand.
+# The apt pinning the gpu_stack and perftest_cuda roles write for examples/lab/cluster.yaml's pins: with it the
+# pinned releases win over the lab repository's newer drift set when a test installs packages by hand.
 APT_PINS = """\
 Package: nvidia-* libnvidia-* cuda-drivers-*
 Pin: version 550.90.07*
@@ -25,6 +25,10 @@ Pin-Priority: 1001
 
 Package: nccl-tests
 Pin: version /\\+nccl2\\.21\\.5\\+/
+Pin-Priority: 1001
+
+Package: perftest-cuda
+Pin: version 25.10.0-0.128-*
 Pin-Priority: 1001
 """
 APT = "DEBIAN_FRONTEND=noninteractive apt-get -q -o Dir::Etc::SourceList=/dev/null"

@@ -51,7 +51,7 @@ GPU_NODES = ("gpu01", "gpu02")
 SM_NODES = ("sm1", "sm2")
 HOSTS = GPU_NODES + SM_NODES
 PINS = APT_PINS
-GPU_PACKAGES = f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests {MPI_PACKAGES}"
+GPU_PACKAGES = f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests perftest-cuda {MPI_PACKAGES}"
 OFED_FIRST = "doca-ofed"
 """Installed and loaded (openibd) before the driver, whose DKMS build of nvidia_peermem needs the OFED symbols."""
 SM_PACKAGES = "opensm"
@@ -161,12 +161,13 @@ def test_overlay_points_the_spec_at_the_lab_repo(stack: Stack) -> None:
 def test_apt_installs_pinned_versions_over_drift(stack: Stack) -> None:
     policy = sh("gpu01", "apt-cache policy nvidia-utils-550 libnccl2").stdout
     assert "550.127.05-0ubuntu1" in policy and "2.23.4-1+cuda12.4" in policy  # the drift set is offered
-    installed = sh("gpu01", "dpkg-query -W -f='${Package} ${Version}\\n' nvidia-utils-550 libnccl2 perftest "
+    installed = sh("gpu01", "dpkg-query -W -f='${Package} ${Version}\\n' nvidia-utils-550 libnccl2 perftest-cuda "
                             "opensm doca-ofed infiniband-diags").stdout.splitlines()
     versions = dict(line.split(" ", 1) for line in installed)
     assert versions["nvidia-utils-550"] == "550.90.07-0ubuntu1"
     assert versions["libnccl2"] == "2.21.5-1+cuda12.4"
     assert versions["doca-ofed"] == "2.9.1-1"
+    assert versions["perftest-cuda"] == "25.10.0-0.128-1+cuda12.4"  # not the drift set's 25.10.0-0.129
     assert versions["infiniband-diags"].startswith("44.")  # Debian's real one, whose ibstat reads sysfs
     ofed = parsers.parse("ofed_info", sh("gpu01", "ofed_info -s").stdout)
     assert "24.10-1.1.4" in str(ofed)

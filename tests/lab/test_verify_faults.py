@@ -2,8 +2,9 @@
 
 One lab (examples/lab/cluster.yaml: gpu01-03 with two NDR rails, sm1/sm2 running opensm as master and
 standby) is brought up once for the module. The converge phase is stood in for by apt installs from the
-lab's signed vendor repository (driver, CUDA, NCCL, nccl-tests, DOCA-OFED with perftest on the GPU nodes,
-opensm on the SM nodes), ``modprobe nvidia_peermem`` and starting the SM units; from then on everything
+lab's signed vendor repository (driver, CUDA, NCCL, nccl-tests, DOCA-OFED with perftest and the site build
+perftest-cuda on the GPU nodes, opensm on the SM nodes), ``modprobe nvidia_peermem`` and starting the SM units;
+from then on everything
 goes through the product: ``verify(...)`` over SSH with verified host keys, Debian's real ``ibstat``, the
 simulated ``ib_write_bw``/``all_reduce_perf``/``iblinkinfo``/``sminfo``.
 
@@ -16,6 +17,7 @@ Run: ``PROVISIONER_LAB_TEST_CLUSTER=<name> pytest -m lab tests/lab/test_verify_f
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -45,7 +47,9 @@ from provisioner.lab.fromspec import (
 from provisioner.lab.host import ensure_containers_conf, podman
 from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.lab.names import container_name
+from provisioner.lab.simtools import labstate
 from provisioner.spec import Cluster, load_cluster
+from provisioner.spec.models import GpuDirect
 from provisioner.verify import VerifyRun, verify
 
 pytestmark = [
@@ -63,7 +67,7 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests {MPI_PACKAGES}",
+PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests perftest-cuda {MPI_PACKAGES}",
             "sm": "opensm"}
 OFED_FIRST = "doca-ofed"
 """Installed and loaded (openibd) before the driver, whose DKMS build of nvidia_peermem needs the OFED symbols."""
@@ -299,6 +303,27 @@ def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:
     nccl = errors_of(run, "nccl")
     assert [f.node for f in nccl] == [None, "gpu03"], show(nccl)  # the cluster run, then the follow-up's verdict
     assert_only_blamed(run, {"gpu03"})
+
+
+def test_dmabuf_mode_needs_no_peermem_but_a_new_enough_kernel(labc: Lab) -> None:
+    # gpudirect.mode dmabuf: --use_cuda_dmabuf through perftest-cuda, the open-module driver, no nvidia_peermem.
+    spec = labc.cluster.spec.model_copy(update={"gpudirect": GpuDirect(mode="dmabuf")})
+    dmabuf = dataclasses.replace(labc.cluster, spec=spec)
+    sh("gpu03", "rmmod nvidia_peermem")
+    node = labstate.load_node(labc.root, "gpu02")
+    try:
+        run = verify(dmabuf, tests=["gpudirect"], write=False)
+        gdr = next(c for c in run.report.checks if c.name == "gpudirect_bandwidth")
+        assert gdr.passed and gdr.skipped is None, show(run.report.findings())
+        assert not serious(run), show(serious(run))
+        labstate.save_node(labc.root, {**node, "kernel": "5.10.0-28-amd64"})  # rehearse a kernel without dma-buf MRs
+        old = verify(dmabuf, tests=["gpudirect"], write=False)
+    finally:
+        labstate.save_node(labc.root, node)
+        sh("gpu03", "modprobe nvidia_peermem")
+    gdr_errors = errors_of(old, "gpudirect_bandwidth")
+    assert {f.node for f in gdr_errors} == {"gpu02"} and "--use_cuda_dmabuf" in gdr_errors[0].message, show(gdr_errors)
+    assert_only_blamed(old, {"gpu02"})
 
 
 def test_slow_rail_fails_nccl_and_the_follow_up_names_the_node(labc: Lab) -> None:

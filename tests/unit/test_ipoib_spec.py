@@ -43,7 +43,7 @@ BASE = textwrap.dedent("""\
       ipoib:
         - name: rail0
           rail: 0
-          address: "10.30.0.[11-13,2]"
+          address: "10.30.0.[11-14]"
           subnet: 10.30.0.0/24
           children:
             - {partition: tenant_a, subnet: 10.31.0.0/24, address: "10.31.0.[11-12]"}
@@ -80,7 +80,7 @@ def test_base_is_clean_and_expands_every_interface() -> None:
         ("gpu01", "ibp23s0", "10.30.0.11/24", None, None, 2044),
         ("gpu02", "ibp23s0", "10.30.0.12/24", None, None, 2044),
         ("gpu03", "ibp23s0", "10.30.0.13/24", None, None, 2044),
-        ("sm1", "ibp12s0", "10.30.0.2/24", None, None, 2044),
+        ("sm1", "ibp12s0", "10.30.0.14/24", None, None, 2044),
         ("gpu01", "ibp23s0.8001", "10.31.0.11/24", "ibp23s0", 0x8001, 2044),
         ("gpu02", "ibp23s0.8001", "10.31.0.12/24", "ibp23s0", 0x8001, 2044),
         ("gpu01", "ibp41s0", "10.30.1.11/24", None, None, 2044),
@@ -95,7 +95,7 @@ def test_render_mounts_over_ipoib_and_binds_lnet_to_the_netdev() -> None:
     assert cluster is not None
     inv = build_inventory(cluster)
     gpu01 = inv.hostvars["gpu01"]
-    assert gpu01["nfs_client_mounts"][0]["server"] == "10.30.0.2"      # sm1's IPoIB address, not 10.0.0.2
+    assert gpu01["nfs_client_mounts"][0]["server"] == "10.30.0.14"      # sm1's IPoIB address, not 10.0.0.2
     assert gpu01["lustre_client_mounts"][0]["lnet"] == ["o2ib0(ibp23s0)"]
     assert inv.hostvars["sm1"]["nfs_server_rdma"] is True and "nfs_server_rdma" not in gpu01
     assert [(i["name"], i["pkey"], [p["host"] for p in i["peers"]]) for i in gpu01["ipoib_interfaces"]] == [

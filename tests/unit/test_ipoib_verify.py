@@ -180,14 +180,14 @@ GDS_SPEC = textwrap.dedent("""\
     profiles:
       svc: {hcas: [{device: mlx5_0, rate: NDR, netdev: ib9}]}
     nodes:
-      - {name: client, address: 10.0.0.11, profile: svc}
       - {name: server, address: 10.0.0.2, profile: svc, roles: [nfs_server]}
+      - {name: client, address: 10.0.0.11, profile: svc}
     fabric:
       rate: NDR
       topology: {kind: single_switch}
       subnet_manager: {kind: ufm}
       ipoib:
-        - {name: ib9net, rail: 0, address: "192.168.0.[20,10]", subnet: 192.168.0.0/24}
+        - {name: ib9net, rail: 0, address: "192.168.0.[10,20]", subnet: 192.168.0.0/24}
     storage:
       nfs:
         exports: [{server: server, path: /mnt/nfs_10/10, clients: 192.168.0.0/24}]

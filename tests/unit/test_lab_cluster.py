@@ -40,7 +40,8 @@ def test_overlay_shape() -> None:
                                   "nfs_server_ganesha_graceless": True,
                                   "nccl_tests_build_from_source": False,
                                   # the lab's IPoIB links are veth pairs (provisioner/lab/ipoib.py)
-                                  "ipoib_require_infiniband": False}}
+                                  "ipoib_require_infiniband": False,
+                                  "perftest_cuda_build_from_source": False}}
 
 
 def test_overlay_site_vars_are_role_variables_the_spec_accepts() -> None:

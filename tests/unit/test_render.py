@@ -162,3 +162,20 @@ def test_nccl_settings_follow_the_spec_and_nccl_rules(tmp_path: Path) -> None:
     assert pv["nccl_conf"]["NCCL_NET_GDR_LEVEL"] == "PXB"
     # one source of truth for the topology file: the role installs it and points NCCL_TOPO_FILE there
     assert "NCCL_TOPO_FILE" not in pv["nccl_conf"] and pv["nccl_topo_file"] == str(tmp_path / "topo.xml")
+
+
+def test_gpudirect_mode_reaches_the_roles_and_nccl(tmp_path: Path) -> None:
+    peer, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
+    inv = build_inventory(peer)
+    pv, allv = inv.groupvars["profile_hgx_h100"], inv.groupvars["all"]
+    assert allv["provisioner_gpudirect_mode"] == "peermem" and allv["perftest_cuda_version"] == "25.10.0-0.128"
+    assert pv["perftest_cuda_enabled"] is True and inv.groupvars["profile_mgmt"]["perftest_cuda_enabled"] is False
+    assert "NCCL_DMABUF_ENABLE" not in pv["nccl_conf"]
+    spec = tmp_path / "c.yaml"
+    spec.write_text((ROOT / "examples" / "h100-ndr-8node.yaml").read_text() + "gpudirect: {mode: dmabuf}\n")
+    (tmp_path / "keys").mkdir()
+    dmabuf, _ = load_cluster(spec)
+    inv = build_inventory(dmabuf)
+    assert inv.groupvars["all"]["provisioner_gpudirect_mode"] == "dmabuf"
+    # DMA-BUF stays on (NCCL's default, said explicitly so a stale NCCL_DMABUF_ENABLE=0 in nccl.conf cannot linger)
+    assert inv.groupvars["profile_hgx_h100"]["nccl_conf"]["NCCL_DMABUF_ENABLE"] == "1"

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.lab import packages
 from provisioner.lab.simtools import fabsim_nccl, fabsim_sm, labstate
 
 TOOLS = Path(__file__).resolve().parents[2] / "provisioner" / "lab" / "simtools"
@@ -256,23 +257,128 @@ def test_write_bw_client_without_server(lab: Path) -> None:
     assert "Unable to init the socket connection" in result.stderr
 
 
+def cuda_build(lab: Path, version: str = "25.10.0-0.128", dmabuf: bool = True) -> Path:
+    """A CUDA-enabled perftest stand-in, written the way the lab's ``perftest-cuda`` package writes it."""
+    bindir = lab.parent / f"perftest-cuda-{version}-{int(dmabuf)}"
+    bindir.mkdir(exist_ok=True)
+    text = packages.perftest_tool_text({"version": version, "cuda": True, "cuda_dmabuf": dmabuf})
+    tool = bindir / "ib_write_bw"
+    tool.write_text(text)
+    tool.chmod(0o755)
+    return tool
+
+
+def driver_flavor(lab: Path, flavor: str) -> None:
+    """The version file the stand-in driver package writes (JSON with the module flavour)."""
+    (lab.parent / "lib" / "nvidia-driver.version").write_text(
+        json.dumps({"version": "550.90.07", "cuda": "12.4", "flavor": flavor}) + "\n")
+
+
+def test_stock_write_bw_rejects_use_cuda_like_debian_perftest(lab: Path) -> None:
+    # Debian bookworm's perftest 4.5+0.17 is built without CUDA_H_PATH: --use_cuda is not in its getopt table.
+    activate_all(lab)
+    result = run_tool(lab, "gpu02", "ib_write_bw", "-d", "mlx5_0", "--use_cuda=0", "127.0.0.1")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "ib_write_bw: unrecognized option '--use_cuda=0'",
+        " Invalid Command or flag.",
+        " Please check command line and run again.",
+        "",
+        " Parser function exited with Error",
+    ]
+    assert result.stdout.startswith("Usage:\n  ib_write_bw            start a server and wait for connection\n")
+    assert "--use_cuda" not in result.stdout and "initializing CUDA" not in result.stdout
+
+
+def test_help_lists_cuda_options_only_in_a_cuda_build(lab: Path) -> None:
+    stock = run_tool(lab, "gpu01", "ib_write_bw", "--help")
+    assert stock.returncode == 1 and stock.stderr == ""  # HELP_EXIT: perftest's main returns FAILURE
+    assert "  -d, --ib-dev=<dev>  Use IB device <dev> (default first device found)" in stock.stdout
+    assert "--use_cuda" not in stock.stdout
+    cuda = subprocess.run([PY, str(cuda_build(lab)), "--help"], env=env_for(lab, "gpu01", PYTHONPATH=str(TOOLS)),
+                          capture_output=True, text=True, timeout=60)
+    assert "      --use_cuda=<cuda device id> Use CUDA specific device for GPUDirect RDMA testing" in cuda.stdout
+    assert "      --use_cuda_dmabuf Use CUDA DMA-BUF for GPUDirect RDMA testing" in cuda.stdout
+    no_dmabuf = subprocess.run([PY, str(cuda_build(lab, dmabuf=False)), "--help"],
+                               env=env_for(lab, "gpu01", PYTHONPATH=str(TOOLS)), capture_output=True, text=True,
+                               timeout=60)
+    assert "--use_cuda=<cuda device id>" in no_dmabuf.stdout and "--use_cuda_dmabuf" not in no_dmabuf.stdout
+
+
+def test_newer_release_without_cuda_says_unsupported_memory_type(lab: Path) -> None:
+    # From 23.07 on the memory-type options are always parsed; a build without CUDA refuses them afterwards.
+    tool = lab.parent / "ib_write_bw"
+    tool.write_text(packages.perftest_tool_text({"version": "24.10.0-0.66", "cuda": False}))
+    result = subprocess.run([PY, str(tool), "--use_cuda=0"], env=env_for(lab, "gpu01", PYTHONPATH=str(TOOLS)),
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stdout == " Unsupported memory type\n"
+    assert result.stderr == " Parser function exited with Error\n"
+
+
+def run_cuda(lab: Path, host: str, tool: Path, *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, str(tool), *args], env=env_for(lab, host, PYTHONPATH=str(TOOLS), **extra),
+                          capture_output=True, text=True, timeout=60)
+
+
 def test_write_bw_cuda_needs_peermem(lab: Path) -> None:
     activate_all(lab)
     labstate.save_modules(str(lab), "gpu02", ["mlx5_core"])
     port = free_port()
-    result = run_tool(lab, "gpu02", "ib_write_bw", "--use_cuda=0", "-p", str(port), "127.0.0.1")
+    result = run_cuda(lab, "gpu02", cuda_build(lab), "--use_cuda=0", "-p", str(port), "127.0.0.1")
     assert result.returncode == 1
-    assert "Couldn't allocate MR" in result.stderr
+    # perftest issue #346 (a 25.x build without nvidia_peermem and without --use_cuda_dmabuf)
+    assert result.stderr.splitlines()[:4] == [
+        "Couldn't allocate MR with error=14", "failed to create mr", "Failed to create MR",
+        " Couldn't create IB resources"]
     assert "initializing CUDA" in result.stdout
 
 
 def test_write_bw_cuda_gdr_slightly_lower(lab: Path) -> None:
     activate_all(lab)
+    tool = str(cuda_build(lab))
     _s, plain = perftest_pair(lab, ["--report_gbits"], ["--report_gbits"])
-    _s, gdr = perftest_pair(lab, ["--report_gbits", "--use_cuda=0"], ["--report_gbits", "--use_cuda=1"])
+    _s, gdr = perftest_pair(lab, ["--report_gbits", "--use_cuda=0"], ["--report_gbits", "--use_cuda=1"],
+                            tool=tool, PYTHONPATH=str(TOOLS))
     assert gdr.returncode == 0, gdr.stderr
     assert "Picking device No. 1" in gdr.stdout
     assert float(ROW.findall(gdr.stdout)[0][3]) < float(ROW.findall(plain.stdout)[0][3])
+
+
+def test_write_bw_cuda_dmabuf_needs_open_modules_and_kernel_5_12_not_peermem(lab: Path) -> None:
+    activate_all(lab)
+    tool = str(cuda_build(lab))
+    for host in ("gpu01", "gpu02"):
+        labstate.save_modules(str(lab), host, ["mlx5_core", "nvidia"])  # no nvidia_peermem
+    driver_flavor(lab, "open")
+    dmabuf = ["--report_gbits", "--use_cuda=0", "--use_cuda_dmabuf"]
+    _s, ok = perftest_pair(lab, dmabuf, dmabuf, tool=tool, PYTHONPATH=str(TOOLS))
+    assert ok.returncode == 0, ok.stderr
+    assert 380 < float(ROW.findall(ok.stdout)[0][3]) < 392
+    # without --use_cuda_dmabuf the same node needs nvidia_peermem
+    _s, peer = perftest_pair(lab, dmabuf[:2], dmabuf[:2], tool=tool, PYTHONPATH=str(TOOLS))
+    assert peer.returncode == 1 and "Couldn't allocate MR with error=14" in peer.stderr
+    # perftest issue #336: --use_cuda_dmabuf before --use_cuda is refused by the parser
+    order = run_cuda(lab, "gpu02", Path(tool), "--use_cuda_dmabuf", "--use_cuda=0", "127.0.0.1")
+    assert order.returncode == 1
+    assert order.stderr.splitlines() == [
+        "CUDA DMA-BUF cannot be used without CUDA", " Parser function exited with Error"]
+    # proprietary modules: the GPU does not report CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED (cuda_memory.c)
+    driver_flavor(lab, "proprietary")
+    prop = run_cuda(lab, "gpu02", Path(tool), *dmabuf, "127.0.0.1")
+    assert prop.returncode == 1
+    assert prop.stderr.splitlines() == [
+        "DMA-BUF is not supported on this GPU", "Failed to init memory", " Couldn't create IB resources"]
+    # a kernel older than 5.12 has no dma-buf memory registration in ib_uverbs
+    driver_flavor(lab, "open")
+    node = labstate.load_node(str(lab), "gpu02")
+    node["kernel"] = "5.10.0-28-amd64"
+    labstate.save_node(str(lab), node)
+    old = run_cuda(lab, "gpu02", Path(tool), *dmabuf, "127.0.0.1")
+    assert old.returncode == 1
+    assert old.stderr.splitlines()[:4] == [
+        "Couldn't allocate MR with error=93", "failed to create mr", "Failed to create MR",
+        " Couldn't create IB resources"]
 
 
 def test_write_bw_flapping_port_fails_deterministically(lab: Path) -> None:

@@ -330,3 +330,40 @@ def test_only_the_hosts_that_share_a_cause_are_folded() -> None:
     res = load_text(text, "c.yaml")
     undefined = [d.message for d in res.diagnostics if d.rule == "SPEC-UNDEFINED-DEVICE"]
     assert undefined == ["x[7-8] has no device mlx5_0 in its profile"], undefined
+
+
+DMABUF = BASE + "gpudirect: {mode: dmabuf}\n"
+
+
+def test_dmabuf_with_open_modules_on_hopper_is_clean() -> None:
+    assert load_text(DMABUF, "c.yaml").diagnostics == []
+
+
+def test_dmabuf_with_proprietary_modules_is_an_error_at_the_mode() -> None:
+    text = DMABUF.replace('driver: {version: "550.90.07"}',
+                          'driver: {version: "550.90.07", kernel_modules: proprietary}')
+    [d] = load_text(text, "c.yaml").diagnostics
+    assert (d.rule, d.severity, d.line, d.col) == ("GPUDIRECT-DMABUF", "error", 26, 19)
+    assert "open kernel modules" in d.message and "kernel_modules: open" in d.hint
+
+
+def test_dmabuf_on_volta_or_with_old_cuda_nccl_driver_is_an_error() -> None:
+    volta = DMABUF.replace("H100-SXM5-80GB, count: 8", "V100-SXM2-32GB, count: 8").replace(
+        'driver: {version: "550.90.07"}', 'driver: {version: "550.90.07", kernel_modules: proprietary}')
+    msgs = [d.message for d in load_text(volta, "c.yaml").diagnostics if d.rule == "GPUDIRECT-DMABUF"]
+    assert any("V100-SXM2-32GB (profile 'gpu8') is Volta" in m for m in msgs)
+    old = DMABUF.replace('nccl: "2.21.5"', 'nccl: "2.12.12"').replace('cuda: "12.4.1"', 'cuda: "11.6.2"').replace(
+        'driver: {version: "550.90.07"}', 'driver: {version: "510.108.03"}')
+    msgs = [d.message for d in load_text(old, "c.yaml").diagnostics if d.rule == "GPUDIRECT-DMABUF"]
+    assert any("NCCL 2.12.12" in m and "2.13" in m for m in msgs)
+    assert any("CUDA 11.6.2" in m and "11.7" in m for m in msgs)
+    assert any("driver branch 510" in m and "515" in m for m in msgs)
+    assert "GPUDIRECT-DMABUF" not in rules_of(old.replace("gpudirect: {mode: dmabuf}\n", ""))
+
+
+def test_open_modules_do_not_drive_volta() -> None:
+    volta = BASE.replace("H100-SXM5-80GB, count: 8", "V100-SXM2-32GB, count: 8")
+    assert ("COMPAT-GPU-DRIVER", 3, 50, "error") in diags(volta.replace(
+        'driver: {version: "550.90.07"}', 'driver: {version: "550.90.07", kernel_modules: open}'))
+    assert "COMPAT-GPU-DRIVER" not in rules_of(volta.replace(
+        'driver: {version: "550.90.07"}', 'driver: {version: "550.90.07", kernel_modules: proprietary}'))

@@ -64,7 +64,7 @@ def test_workstation_table_has_none_of_the_cluster_mounts() -> None:
         ("storage", "error", "/home: nfs mount missing (nothing mounted there)"),
         ("storage", "error", "/lustre/scratch: lustre mount missing (nothing mounted there)"),
     ]
-    assert found[0].expected == "10.30.0.2:/export/home" and found[0].hint.startswith("systemctl status home.mount")
+    assert found[0].expected == "10.30.0.19:/export/home" and found[0].hint.startswith("systemctl status home.mount")
 
 
 def test_findmnt_json_without_matches_is_an_empty_table() -> None:
@@ -75,7 +75,7 @@ def test_findmnt_json_without_matches_is_an_empty_table() -> None:
 def test_findmnt_json_tree_is_flattened_parents_first() -> None:
     # Shape of `findmnt -J` (util-linux): nested "children"; values here are test input, not a capture.
     text = ('{"filesystems": [{"target": "/", "source": "/dev/vda1", "fstype": "ext4", "options": "rw",'
-            ' "children": [{"target": "/home", "source": "10.30.0.2:/export/home", "fstype": "nfs4",'
+            ' "children": [{"target": "/home", "source": "10.30.0.19:/export/home", "fstype": "nfs4",'
             ' "options": "rw,vers=4.2,proto=rdma,port=20049"}]}]}')
     entries = storage.parse_mounts(text)
     assert [e.target for e in entries] == ["/", "/home"]
@@ -122,9 +122,9 @@ def test_expected_mounts_follow_the_spec() -> None:
     exp = storage.expected_mounts(_cluster())
     assert sorted(exp) == [f"gpu{i:02d}" for i in range(1, 9)]
     nfs, lustre = exp["gpu03"]
-    assert nfs == ExpectedMount(kind="nfs", path="/home", sources=("10.30.0.2:/export/home", "sm1:/export/home"),
+    assert nfs == ExpectedMount(kind="nfs", path="/home", sources=("10.30.0.19:/export/home", "sm1:/export/home"),
                                 fstypes=("nfs4",), transport="rdma", version="4.2", nconnect=4, options=(),
-                                automount=False, server="sm1", address="10.30.0.2", export="/export/home",
+                                automount=False, server="sm1", address="10.30.0.19", export="/export/home",
                                 server_kernel=True, network="storage")
     assert lustre.sources == ("10.30.0.201@o2ib:10.30.0.202@o2ib:/scratch",) and lustre.options == ("flock",)
     assert "sm1" not in exp  # management nodes are not compute: no mounts
@@ -139,14 +139,14 @@ def test_nfs_v3_expects_fstype_nfs() -> None:
 
 
 # ---------------------------------------------------------------- comparison (constructed kernel records)
-RDMA_HOME = ExpectedMount("nfs", "/home", ("10.30.0.2:/export/home", "sm1:/export/home"), ("nfs4",), "rdma", "4.2",
+RDMA_HOME = ExpectedMount("nfs", "/home", ("10.30.0.19:/export/home", "sm1:/export/home"), ("nfs4",), "rdma", "4.2",
                           4, ("noatime",))
 GOOD_OPTS = ("rw", "noatime", "vers=4.2", "rsize=1048576", "wsize=1048576", "namlen=255", "hard", "nconnect=4",
              "proto=rdma", "port=20049", "timeo=600", "retrans=2", "sec=sys", "clientaddr=10.30.0.11",
-             "local_lock=none", "addr=10.30.0.2")
+             "local_lock=none", "addr=10.30.0.19")
 
 
-def _entry(opts: Sequence[str] = GOOD_OPTS, source: str = "10.30.0.2:/export/home", fstype: str = "nfs4",
+def _entry(opts: Sequence[str] = GOOD_OPTS, source: str = "10.30.0.19:/export/home", fstype: str = "nfs4",
            target: str = "/home") -> MountEntry:
     return MountEntry(source, target, fstype, tuple(opts))
 
@@ -275,7 +275,7 @@ class FakeRemote:
 
 
 def _good_table(c: Cluster) -> str:
-    return ("10.30.0.2:/export/home /home nfs4 " + ",".join(GOOD_OPTS) + " 0 0\n"
+    return ("10.30.0.19:/export/home /home nfs4 " + ",".join(GOOD_OPTS) + " 0 0\n"
             "10.30.0.201@o2ib:10.30.0.202@o2ib:/scratch /lustre/scratch lustre rw,flock,lazystatfs 0 0\n")
 
 

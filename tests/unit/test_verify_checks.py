@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -12,6 +15,7 @@ import pytest
 from provisioner.fabric import baseline, cabling, gpudirect, links, nccl, versions
 from provisioner.fabric.bandwidth import check_bandwidth, line_rates, rail_groups
 from provisioner.fabric.perftest import PairRun, PerftestSettings, perftest_argv, read_result
+from provisioner.lab import packages
 from provisioner.parsers import parse
 from provisioner.remote import Completed
 from provisioner.spec import Cluster, load_text
@@ -294,6 +298,100 @@ def test_gpu_count_and_topology_pairing_from_nvidia_smi() -> None:
            "gpu_nic_affinity": {"GPU0": ["mlx5_1"], "GPU1": ["mlx5_0"]}}
     pairs = gpudirect.nic_gpus(c, {"gpu01": lab})
     assert pairs[("gpu01", "mlx5_0")] == 1 and pairs[("gpu01", "mlx5_1")] == 0  # topo wins over the spec
+
+
+# The simulated perftest builds, run on this host exactly as the check runs them on a node.
+SIMTOOLS = Path(__file__).resolve().parents[2] / "provisioner" / "lab" / "simtools"
+PY = "/usr/bin/python3" if Path("/usr/bin/python3").exists() else sys.executable
+
+
+def _sim_script(tmp_path: Path, build: dict[str, object] | None) -> Path:
+    """The stock stand-in (``build`` None) or the script the lab's perftest-cuda package installs."""
+    if build is None:
+        return SIMTOOLS / "ib_write_bw"
+    path = tmp_path / f"ib_write_bw-{abs(hash(tuple(sorted(build.items()))))}"
+    path.write_text(packages.perftest_tool_text(build))
+    return path
+
+
+def _sim(script: Path, argv: list[str]) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROVISIONER_")}
+    env["PYTHONPATH"] = str(SIMTOOLS)
+    return subprocess.run([PY, str(script), *argv], env=env, capture_output=True, text=True, timeout=60)
+
+
+def _probe(script: Path, where: str = "/usr/local/bin/ib_write_bw") -> Completed:
+    """What verify's perftest probe prints: the binary's path, then its --help (perftest exits 1 after it)."""
+    done = _sim(script, ["--help"])
+    return Completed(done.returncode, f"{where}\n{done.stdout}", done.stderr)
+
+
+def _client_runner(c: Cluster, script: Path, *, dmabuf: bool = False) -> gpudirect.GdrRunner:
+    """The GPUDirect client command of the check, run against ``script`` (it fails before connecting)."""
+    st = PerftestSettings(size=65536, duration=1)
+
+    def run(server: str, client: str, rail: int) -> PairRun:
+        port = next(p for p in c.node(client).rail_ports if p.rail == rail)
+        argv = perftest_argv(port, st, 18515 + rail, numactl=False, server=c.node(server).address,
+                             use_cuda=port.gpu or 0, cuda_dmabuf=dmabuf)
+        done = _sim(script, argv[1:])
+        return read_result(done.returncode, done.stdout, done.stderr)
+
+    return run
+
+
+def test_gdr_bandwidth_against_stock_perftest_is_skipped_not_blamed_on_hardware(tmp_path: Path) -> None:
+    # Debian's perftest has no --use_cuda ("unrecognized option"): nothing was measured, no node is at fault.
+    c = cluster_from(IB)
+    res = gpudirect.gdr_bandwidth(c, _client_runner(c, _sim_script(tmp_path, None)))
+    assert res.skipped is not None and not res.passed and res.error is None
+    assert "unrecognized option '--use_cuda=0'" in res.skipped and "without CUDA" in res.skipped
+    assert not [f for f in res.findings if f.severity == "error"]
+    newer = _sim_script(tmp_path, {"version": "24.10.0-0.66", "cuda": False})
+    res = gpudirect.gdr_bandwidth(c, _client_runner(c, newer))
+    assert res.skipped is not None and "Unsupported memory type" in res.skipped
+
+
+def test_gpudirect_probe_skips_with_the_nodes_whose_perftest_lacks_cuda(tmp_path: Path) -> None:
+    c = cluster_from(IB)
+    stock = _probe(_sim_script(tmp_path, None), "/usr/bin/ib_write_bw")
+    cuda = _probe(_sim_script(tmp_path, {"version": "25.10.0-0.128", "cuda": True, "cuda_dmabuf": True}))
+    support = {n: gpudirect.perftest_support(cuda if n != "gpu03" else stock) for n in ("gpu01", "gpu02", "gpu03",
+                                                                                         "gpu04")}
+    assert support["gpu01"] == gpudirect.PerftestCuda("/usr/local/bin/ib_write_bw", True, True)
+    assert support["gpu03"] == gpudirect.PerftestCuda("/usr/bin/ib_write_bw", False, False)
+    never: gpudirect.GdrRunner = lambda a, b, rail: pytest.fail("no pair may run without a CUDA perftest")  # noqa: E731
+    res = gpudirect.gdr_bandwidth(c, never, perftest=support)
+    assert res.skipped is not None and not res.passed
+    assert "gpu03: /usr/bin/ib_write_bw was built without CUDA (its --help lists no --use_cuda)" in res.skipped
+    assert [(f.node, f.severity) for f in res.findings] == [("gpu03", "warning")]
+    assert "perftest_cuda" in res.findings[0].hint
+    missing = {**support, "gpu02": gpudirect.perftest_support(Completed(127, "", ""))}
+    assert "gpu02: no ib_write_bw on the PATH" in str(gpudirect.gdr_bandwidth(c, never, perftest=missing).skipped)
+    ran = gpudirect.gdr_bandwidth(c, _gdr_runner(None), perftest={**support, "gpu03": support["gpu01"]})
+    assert ran.passed and ran.skipped is None
+
+
+DMABUF = IB.replace("verify: {", "gpudirect: {mode: dmabuf}\nverify: {")
+
+
+def test_dmabuf_mode_needs_no_peermem_and_a_perftest_with_cuda_dmabuf(tmp_path: Path) -> None:
+    c = cluster_from(DMABUF)
+    mods = parse("lsmod", load("lsmod", "mesa_rdma_modules.txt"))  # no nvidia_peermem in it
+    res = gpudirect.check_gpudirect(c, {n: mods for n in ("gpu01", "gpu02", "gpu03", "gpu04")}, {}, None)
+    assert all(r.passed and not r.findings for r in res)
+    peer = gpudirect.check_gpudirect(cluster_from(IB), {"gpu01": mods}, {}, None)
+    assert [f.severity for f in peer[0].findings] == ["error"]  # peermem mode still requires the module
+    old_cuda = _probe(_sim_script(tmp_path, {"version": "25.10.0-0.128", "cuda": True, "cuda_dmabuf": False}))
+    support = {n: gpudirect.perftest_support(old_cuda) for n in ("gpu01", "gpu02", "gpu03", "gpu04")}
+    res_bw = gpudirect.gdr_bandwidth(c, _gdr_runner(None), perftest=support)
+    assert res_bw.skipped is not None and "--use_cuda_dmabuf" in res_bw.skipped
+    assert gpudirect.gdr_bandwidth(cluster_from(IB), _gdr_runner(None), perftest=support).passed
+    # the DMA-BUF run: --use_cuda first (perftest issue #336), then --use_cuda_dmabuf
+    port = c.node("gpu01").rail_ports[0]
+    argv = perftest_argv(port, PerftestSettings(size=65536, duration=1), 18515, numactl=False, server="10.0.0.2",
+                         use_cuda=0, cuda_dmabuf=True)
+    assert argv[-3:] == ["--use_cuda=0", "--use_cuda_dmabuf", "10.0.0.2"]
 
 
 # ---------------------------------------------------------------- perftest

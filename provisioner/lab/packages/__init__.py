@@ -79,6 +79,7 @@ class VendorVersions:
     the metapackages' second version pulls in (what an unattended upgrade would install): see
     :func:`kernel_recipes`. Off by default: an installed linux-headers stand-in would satisfy roles that
     install the headers when the lab hides them."""
+    perftest_cuda: str = "25.10.0-0.128"
 
     @property
     def driver_branch(self) -> str:
@@ -133,6 +134,19 @@ def _tool(name: str, dest: str) -> FileEntry | None:
     """A simulated tool from provisioner/lab/simtools, or None while nobody has written it yet."""
     source = SIMTOOLS_DIR / name
     return FileEntry(dest, source.read_bytes(), 0o755) if source.is_file() else None
+
+
+PERFTEST_BUILD_LINE = "BUILD: dict[str, object] = {}"
+"""The line of simtools/ib_write_bw that says how the copy was compiled (fabsim_perftest.Build)."""
+
+
+def perftest_tool_text(build: dict[str, object]) -> str:
+    """The simulated ib_write_bw as one perftest build: the stock script with its BUILD line filled in."""
+    text = (SIMTOOLS_DIR / "ib_write_bw").read_text()
+    if PERFTEST_BUILD_LINE not in text:
+        raise ValueError(f"simtools/ib_write_bw lost its '{PERFTEST_BUILD_LINE}' line")
+    literal = "{" + ", ".join(f"{k!r}: {build[k]!r}" for k in sorted(build)) + "}"
+    return text.replace(PERFTEST_BUILD_LINE, f"BUILD: dict[str, object] = {literal}")
 
 
 def _data_file(name: str, dest: str, mode: int = 0o755) -> FileEntry:
@@ -457,6 +471,27 @@ def mpi_recipes() -> list[PackageRecipe]:
     ]
 
 
+def perftest_cuda_recipe(v: VendorVersions) -> PackageRecipe:
+    """``perftest-cuda``: a site build of perftest with CUDA, as the perftest_cuda role's package mode installs it.
+
+    The real build is ``./configure CUDA_H_PATH=<toolkit>/include/cuda.h`` (linux-rdma/perftest README,
+    "GPUDirect usage"); ``--use_cuda_dmabuf`` is compiled in when configure finds CUDA >= 11.7 headers
+    (``CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD``) and rdma-core's ``ibv_reg_dmabuf_mr``, which Debian 12's
+    rdma-core 44 has. Version ``<perftest>-1+cuda<X.Y>``, after the nccl-tests site-build pattern.
+    """
+    major_minor = tuple(int(x) for x in v.cuda_short.split("."))
+    build = {"version": v.perftest_cuda, "cuda": True, "cuda_dmabuf": major_minor >= (11, 7)}
+    bindir = "/usr/local/bin"
+    return PackageRecipe(
+        name="perftest-cuda",
+        version=f"{v.perftest_cuda}-1+cuda{v.cuda_short}",
+        description=f"perftest {v.perftest_cuda} built with CUDA {v.cuda_short} (site build), lab stand-in",
+        section="net",
+        files=(FileEntry(f"{bindir}/ib_write_bw", perftest_tool_text(build).encode(), 0o755),),
+        links=((f"{bindir}/ib_read_bw", "ib_write_bw"), (f"{bindir}/ib_send_bw", "ib_write_bw")),
+    )
+
+
 def _ofed_component_version(v: VendorVersions) -> str:
     """``24.10-1.1.4.0`` -> ``24.10.OFED.24.10.1.1.4.0-1`` (MLNX kernel-package pattern)."""
     short = v.ofed.split("-", 1)[0]
@@ -661,4 +696,5 @@ def kernel_recipes(release: str) -> list[PackageRecipe]:
 def recipes_for(v: VendorVersions) -> list[PackageRecipe]:
     """Every stand-in package of one pinned software set."""
     kernel = kernel_recipes(os.uname().release) if v.kernel_packages else []
-    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v), *kernel]
+    return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v),
+            perftest_cuda_recipe(v), *kernel]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import os
 import socket
 from typing import Any
@@ -100,6 +101,17 @@ def record_flap(host: str, hca: dict[str, Any], run: str) -> None:
 def driver_installed() -> bool:
     """The stand-in NVIDIA driver package installs a version file; absent = no driver."""
     return os.path.isfile(os.path.join(lab_libdir(), DRIVER_VERSION_FILE))
+
+
+def driver_flavor() -> str | None:
+    """``open`` or ``proprietary`` from the stand-in driver's version file (JSON); None when unknown."""
+    try:
+        with open(os.path.join(lab_libdir(), DRIVER_VERSION_FILE), encoding="utf-8") as fh:
+            data = json.loads(fh.read())
+    except (OSError, ValueError):
+        return None
+    flavor = data.get("flavor") if isinstance(data, dict) else None
+    return str(flavor) if flavor in ("open", "proprietary") else None
 
 
 def port_usable(hca: dict[str, Any]) -> bool:

@@ -17,6 +17,15 @@ that is ``min(rate_a * bw_factor_a, rate_b * bw_factor_b)``) ``* efficiency``, e
 large messages (NDR 400 Gb/s ports report ~392 Gb/s), capped at small sizes by a message
 rate of 2.64 Mpps (perftest issue #132: 2-byte writes at 2.636533 Mpps), times a
 deterministic +-0.3 % jitter.  GPUDirect (``--use_cuda``) costs another 1.5 %.
+
+Each installed copy is one *build* (:class:`Build`, written into the script by the package that
+installs it): the upstream release it behaves as and what its ``configure`` found.  The stock build
+(Debian bookworm's perftest 4.5+0.17, no ``CUDA_H_PATH``) has no ``--use_cuda`` in its getopt table, as
+upstream before 23.07 compiled the option only ``#ifdef HAVE_CUDA``; from 23.07 on the option is always
+parsed and a build without CUDA refuses it with " Unsupported memory type".  A CUDA build with
+``--use_cuda_dmabuf`` (``HAVE_CUDA_DMABUF``: CUDA >= 11.7 headers, rdma-core with ``ibv_reg_dmabuf_mr``)
+registers GPU memory through DMA-BUF: no ``nvidia_peermem`` needed, but the GPU must report DMA-BUF
+support (open kernel modules) and the kernel must register dma-buf MRs (Linux >= 5.12).
 """
 
 from __future__ import annotations
@@ -52,6 +61,56 @@ TESTS = {
 }
 STATE_NAMES = {"nop": "Nop", "down": "Down", "init": "Init", "armed": "Armed"}
 """perftest's portStates[] names, printed by `` Port number %d state is %s``."""
+CUDA_OPTIONS = ("--use_cuda", "--use_cuda_bus_id", "--use_cuda_dmabuf")
+DMABUF_MIN_KERNEL = (5, 12)
+"""Linux release that added dma-buf memory registration to ib_uverbs (``ibv_reg_dmabuf_mr``)."""
+EFAULT, EPROTONOSUPPORT = 14, 93
+
+
+def version_key(version: str) -> tuple[int, ...]:
+    """``4.5-0.17`` -> (4, 5, 0, 17); ``25.10.0-0.128`` -> (25, 10, 0, 0, 128)."""
+    out: list[int] = []
+    for part in version.replace("-", ".").split("."):
+        if not part.isdigit():
+            break
+        out.append(int(part))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Build:
+    """How one installed perftest was compiled (the lab's packages write it into the script).
+
+    The defaults are Debian bookworm's ``perftest`` 4.5+0.17: configured without ``CUDA_H_PATH``.
+    """
+
+    version: str = "4.5-0.17"
+    cuda: bool = False
+    cuda_dmabuf: bool = False
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any] | None) -> Build:
+        data = data or {}
+        return cls(
+            version=str(data.get("version", cls.version)),
+            cuda=bool(data.get("cuda", False)),
+            cuda_dmabuf=bool(data.get("cuda_dmabuf", False)),
+        )
+
+    @property
+    def memory_types_static(self) -> bool:
+        """23.07 and later parse every memory-type option and refuse unsupported ones afterwards."""
+        return version_key(self.version) >= (23, 7)
+
+    @property
+    def mr_errno(self) -> bool:
+        """23.04 and later print ``Couldn't allocate MR with error=<errno>``."""
+        return version_key(self.version) >= (23, 4)
+
+    @property
+    def usage_note(self) -> bool:
+        """25.07 and later print the "SYMMETRIC" note under the usage lines."""
+        return version_key(self.version) >= (25, 7)
 
 
 class PerftestFailure(Exception):
@@ -78,13 +137,103 @@ class Options:
     bidirectional: bool
     duration: int | None
     use_cuda: int | None
+    use_cuda_dmabuf: bool
     tcp_port: int
     qps: int
     host: str | None
 
 
-def parse_args(tool: str, argv: Sequence[str]) -> Options:
-    """Parse perftest's command line (getopt-style short and long options)."""
+def usage(tool: str, build: Build) -> list[str]:
+    """The start of perftest's usage() for a BW test, with the CUDA lines only where they are compiled in.
+
+    A subset of the real option list (perftest prints some 80 options); each line is printed as the
+    real ``printf`` pair prints it.
+    """
+    lines = [
+        "Usage:",
+        f"  {tool}            start a server and wait for connection",
+        f"  {tool} <host>     connect to server at <host>",
+        "",
+    ]
+    if build.usage_note:
+        lines += ["Note: Some options must match on both server and client for consistent behavior "
+                  "(marked 'SYMMETRIC').", ""]
+    lines += [
+        "Options:",
+        "  -a, --all  Run sizes from 2 till 2^23",
+        "  -b, --bidirectional  Measure bidirectional bandwidth (default unidirectional)",
+        "  -d, --ib-dev=<dev>  Use IB device <dev> (default first device found)",
+        "  -D, --duration  Run test for a customized period of seconds.",
+        "  -i, --ib-port=<port>  Use port <port> of IB device (default 1)",
+        "  -s, --size=<size>  Size of message to exchange (default 65536)",
+        "      --report_gbits  Report Max/Average BW of test in Gbit/sec (instead of MiB/sec)",
+        "      --tclass=<value>  Set the Traffic Class in GRH (if GRH is in use)",
+    ]
+    if build.cuda:
+        lines += [
+            "      --use_cuda=<cuda device id> Use CUDA specific device for GPUDirect RDMA testing",
+            "      --use_cuda_bus_id=<cuda full BUS id> Use CUDA specific device, based on its full PCIe address, "
+            "for GPUDirect RDMA testing",
+        ]
+        if build.cuda_dmabuf:
+            lines += [
+                "      --use_cuda_dmabuf Use CUDA DMA-BUF for GPUDirect RDMA testing",
+                "      --use_cuda_pcie_mapping Use CUDA DMABUF handle mapping via PCIe BAR1",
+            ]
+    return lines
+
+
+PARSER_ERROR = " Parser function exited with Error"
+"""What perftest's main() prints when parser() fails (not after --help)."""
+
+
+class HelpExit(Exception):
+    """``-h``/``--help``: usage on stdout, and main() returns FAILURE without an error line."""
+
+
+def _compiled_options(build: Build) -> set[str]:
+    """The CUDA long options in this build's getopt table."""
+    if build.memory_types_static:
+        return set(CUDA_OPTIONS)
+    compiled = set()
+    if build.cuda:
+        compiled |= {"--use_cuda", "--use_cuda_bus_id"}
+    if build.cuda_dmabuf:
+        compiled.add("--use_cuda_dmabuf")
+    return compiled
+
+
+def _check_memory_options(argv: Sequence[str], build: Build) -> str | None:
+    """What parser() says about the memory-type options, in command-line order (as getopt_long walks them).
+
+    Returns the first option this build's getopt table lacks; raises what parser() prints for the others.
+    """
+    compiled = _compiled_options(build)
+    cuda_seen = False
+    for arg in argv:
+        name = arg.split("=", 1)[0]
+        if name not in CUDA_OPTIONS:
+            continue
+        if name not in compiled:
+            return arg
+        supported = build.cuda and (name != "--use_cuda_dmabuf" or build.cuda_dmabuf)
+        if not supported:
+            raise PerftestFailure([PARSER_ERROR], [" Unsupported memory type"])
+        if name == "--use_cuda_dmabuf" and not cuda_seen:
+            raise PerftestFailure(["CUDA DMA-BUF cannot be used without CUDA", PARSER_ERROR])
+        cuda_seen = cuda_seen or name in ("--use_cuda", "--use_cuda_bus_id")
+    return None
+
+
+def parse_args(tool: str, argv: Sequence[str], build: Build | None = None) -> Options:
+    """Parse perftest's command line (getopt-style short and long options) as ``build`` would."""
+    build = build or Build()
+    if any(a in ("-h", "--help") for a in argv):
+        raise HelpExit()
+    invalid = [" Invalid Command or flag.", " Please check command line and run again.", ""]
+    bad = _check_memory_options(argv, build)
+    if bad is not None:  # glibc getopt_long's message, then perftest's default case and usage()
+        raise PerftestFailure([f"{tool}: unrecognized option '{bad}'", *invalid, PARSER_ERROR], usage(tool, build))
     parser = argparse.ArgumentParser(prog=tool, add_help=False, exit_on_error=False)
     parser.add_argument("-d", "--ib-dev", dest="device")
     parser.add_argument("-i", "--ib-port", type=int, default=1)
@@ -96,7 +245,10 @@ def parse_args(tool: str, argv: Sequence[str]) -> Options:
     parser.add_argument("--report_gbits", action="store_true")
     parser.add_argument("-b", "--bidirectional", action="store_true")
     parser.add_argument("-D", "--duration", type=int)
-    parser.add_argument("--use_cuda", nargs="?", const=0, type=int)
+    if "--use_cuda" in _compiled_options(build):
+        parser.add_argument("--use_cuda", nargs="?", const=0, type=int)
+    if "--use_cuda_dmabuf" in _compiled_options(build):
+        parser.add_argument("--use_cuda_dmabuf", action="store_true")
     parser.add_argument("-p", "--port", type=int, default=DEFAULT_PORT)
     parser.add_argument("-q", "--qp", type=int, default=1)
     parser.add_argument("-c", "--connection", default="RC")
@@ -110,7 +262,8 @@ def parse_args(tool: str, argv: Sequence[str]) -> Options:
     except argparse.ArgumentError as exc:
         raise PerftestFailure([f" Invalid command line: {exc}"]) from exc
     if unknown:
-        raise PerftestFailure([f"{tool}: unrecognized option '{unknown[0]}'"])
+        raise PerftestFailure([f"{tool}: unrecognized option '{unknown[0]}'", *invalid, PARSER_ERROR],
+                              usage(tool, build))
     return Options(
         tool=tool,
         device=ns.device,
@@ -122,7 +275,8 @@ def parse_args(tool: str, argv: Sequence[str]) -> Options:
         report_gbits=ns.report_gbits,
         bidirectional=ns.bidirectional,
         duration=ns.duration,
-        use_cuda=ns.use_cuda,
+        use_cuda=getattr(ns, "use_cuda", None),
+        use_cuda_dmabuf=bool(getattr(ns, "use_cuda_dmabuf", False)),
         tcp_port=ns.port,
         qps=ns.qp,
         host=ns.host,
@@ -154,12 +308,34 @@ def check_link(hca: dict[str, Any], ib_port: int) -> None:
         raise PerftestFailure([f" Port number {ib_port} state is {state}", " Couldn't set the link layer"])
 
 
-def cuda_lines(node: dict[str, Any], index: int, modules: list[str], driver: bool) -> list[str]:
+def kernel_release(node: dict[str, Any]) -> str:
+    """The node's kernel: node.json ``kernel`` when set (tests rehearse an old one), else the running kernel."""
+    return str(node.get("kernel") or os.uname().release)
+
+
+def _mr_failure(build: Build, errno: int) -> list[str]:
+    """ibv_reg_mr/ibv_reg_dmabuf_mr failed: perftest's create_single_mr -> create_mr -> ctx_init chain."""
+    first = f"Couldn't allocate MR with error={errno}" if build.mr_errno else "Couldn't allocate MR"
+    return [first, "failed to create mr", "Failed to create MR", " Couldn't create IB resources"]
+
+
+def cuda_lines(
+    node: dict[str, Any],
+    index: int,
+    modules: list[str],
+    driver: bool,
+    build: Build | None = None,
+    dmabuf: bool = False,
+    flavor: str | None = None,
+) -> list[str]:
     """What perftest prints while setting up a GPU buffer; raises when it cannot.
 
-    Needs a driver, a present GPU ``index`` and ``nvidia_peermem`` (without it the
-    GPU memory registration fails: "Couldn't allocate MR", perftest issues #31/#126).
+    Needs a driver and a present GPU ``index``.  Then the memory registration: through
+    ``nvidia_peermem`` (without it "Couldn't allocate MR", perftest issues #31/#126/#346), or with
+    ``dmabuf`` through DMA-BUF, which needs the open kernel modules (``flavor``; the proprietary ones do
+    not report CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED) and a kernel >= 5.12, but no nvidia_peermem.
     """
+    build = build or Build(cuda=True)
     gpus = [g for g in node.get("gpus", []) if g.get("present", True)]
     lines = ["initializing CUDA"]
     if not driver or not gpus:
@@ -179,16 +355,17 @@ def cuda_lines(node: dict[str, Any], index: int, modules: list[str], driver: boo
         "creating CUDA Ctx",
         "making it the current CUDA Ctx",
     ]
+    if dmabuf:
+        if flavor != "open":
+            raise PerftestFailure(
+                ["DMA-BUF is not supported on this GPU", "Failed to init memory", " Couldn't create IB resources"],
+                lines,
+            )
+        if version_key(kernel_release(node)) < DMABUF_MIN_KERNEL:
+            raise PerftestFailure(_mr_failure(build, EPROTONOSUPPORT), lines)
+        return lines
     if "nvidia_peermem" not in modules:
-        raise PerftestFailure(
-            [
-                "Couldn't allocate MR",
-                "failed to create mr",
-                "Failed to create MR",
-                " Couldn't create IB resources",
-            ],
-            lines,
-        )
+        raise PerftestFailure(_mr_failure(build, EFAULT), lines)
     return lines
 
 
@@ -380,10 +557,15 @@ def connect_once(host: str, port: int, mine: dict[str, Any], timeout: float) -> 
 # ---------------------------------------------------------------- entry point
 
 
-def run(tool: str, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
-    """Run one side of the test; returns the process exit status."""
+def run(tool: str, argv: Sequence[str], out: TextIO, err: TextIO, build: Build | None = None) -> int:
+    """Run one side of the test as ``build`` would; returns the process exit status."""
+    build = build or Build()
     try:
-        opts = parse_args(tool, argv)
+        try:
+            opts = parse_args(tool, argv, build)
+        except HelpExit:
+            print("\n".join(usage(tool, build)), file=out)
+            return 1
         root, host = common.lab_root(), common.this_host()
         node = labstate.load_node(root, host)
         hca = select_port(node, opts.device, opts.ib_port)
@@ -401,7 +583,8 @@ def run(tool: str, argv: Sequence[str], out: TextIO, err: TextIO) -> int:
         gpu_ok = False
         if opts.use_cuda is not None:
             print("Perftest doesn't supports CUDA tests with inline messages: inline size set to 0", file=out)
-            lines = cuda_lines(node, opts.use_cuda, labstate.load_modules(root, host), common.driver_installed())
+            lines = cuda_lines(node, opts.use_cuda, labstate.load_modules(root, host), common.driver_installed(),
+                               build, opts.use_cuda_dmabuf, common.driver_flavor())
             print("\n".join(lines), file=out, flush=True)
             gpu_ok = True
         mine = port_info(hca, opts, gpu_ok)
@@ -512,15 +695,16 @@ def _adopt(opts: Options, client: dict[str, Any]) -> Options:
         bidirectional=bool(client.get("bidirectional", opts.bidirectional)),
         duration=client.get("duration", opts.duration),
         use_cuda=opts.use_cuda,
+        use_cuda_dmabuf=opts.use_cuda_dmabuf,
         tcp_port=opts.tcp_port,
         qps=int(client.get("qps", opts.qps)),
         host=None,
     )
 
 
-def main(argv: Sequence[str]) -> int:
-    """Script entry: the tool name comes from argv[0] (one script, three names)."""
+def main(argv: Sequence[str], build: dict[str, Any] | None = None) -> int:
+    """Script entry: the tool name comes from argv[0] (one script, three names); ``build`` from the script."""
     tool = os.path.basename(argv[0]) if argv else "ib_write_bw"
     if tool not in TESTS:
         tool = "ib_write_bw"
-    return run(tool, argv[1:], sys.stdout, sys.stderr)
+    return run(tool, argv[1:], sys.stdout, sys.stderr, Build.from_dict(build))
