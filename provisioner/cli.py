@@ -31,8 +31,10 @@ app = typer.Typer(
     epilog=EPILOG, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Plain text only: diagnostics carry `file:100:3:`, which rich's emoji codes would turn into a symbol, and
+# spec values or host output could carry [markup]. Nothing printed here is ever interpreted.
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 SpecArg = Annotated[Path, typer.Argument(help="The cluster spec (cluster.yaml).", show_default=False)]
 OverlayOpt = Annotated[Path | None, typer.Option("--overlay", help="A YAML overlay merged onto the spec "

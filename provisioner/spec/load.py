@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass, field, replace
@@ -364,14 +366,30 @@ def _deep_merge(base: Any, over: Any) -> Any:
 
 # --- entry points ----------------------------------------------------------------------------------------------
 def read_spec_text(path: str | FsPath) -> str:
+    """The text of a spec or overlay file: a regular file of at most MAX_SPEC_BYTES, UTF-8.
+
+    The type and size are checked on the open file before anything is read, so a FIFO, a device such as
+    /dev/zero or a huge file is refused at once instead of hanging the run or filling memory."""
     p = FsPath(path)
-    if not p.exists():
-        raise UsageError(f"{p}: no such file", hint="give the path of your cluster.yaml")
-    if p.is_dir():
-        raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml")
-    data = p.read_bytes()
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file", hint="give the path of your cluster.yaml") from None
+    except IsADirectoryError:
+        raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml") from None
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot open ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml")
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{p}: not a regular file (a pipe or a device)", hint="give the path of a YAML file")
+        if st.st_size > MAX_SPEC_BYTES:
+            raise UsageError(f"{p}: {st.st_size} bytes is too large for a cluster spec (at most {MAX_SPEC_BYTES})")
+        data = fh.read(MAX_SPEC_BYTES + 1)
     if len(data) > MAX_SPEC_BYTES:
-        raise UsageError(f"{p}: {len(data)} bytes is too large for a cluster spec")
+        raise UsageError(f"{p}: more than {MAX_SPEC_BYTES} bytes is too large for a cluster spec")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -402,14 +420,14 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> Lo
         _schema_diagnostics(exc, rep)
         repaired = _repair(data, exc)
         if repaired is None:
-            return LoadResult(None, sorted(set(rep.items), key=_order))
+            return LoadResult(None, _finish(rep.items))
         # The rest of the spec is still checked (references, duplicates, design rules), so one run reports
         # every problem; the cluster itself is not returned, since part of the spec was set aside.
         spec_ok, kept = repaired
         _expand_and_check(spec_ok, _RemappedReport(rep, kept), addresses)
-        return LoadResult(None, sorted(set(rep.items), key=_order))
+        return LoadResult(None, _finish(rep.items))
     cluster = _expand_and_check(spec, rep, addresses)
-    return LoadResult(cluster, sorted(set(rep.items), key=_order))
+    return LoadResult(cluster, _finish(rep.items))
 
 
 class _RemappedReport(_Report):
@@ -489,6 +507,13 @@ def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tupl
         return Spec.model_validate(doc), kept
     except ValidationError:
         return None
+
+
+def _finish(items: list[Diagnostic]) -> list[Diagnostic]:
+    """Sorted, each once; a value YAML could not read is reported once (not again as a schema error)."""
+    unread = {(d.file, d.line, d.col) for d in items if d.rule == "YAML-VALUE"}
+    kept = {d for d in items if d.rule.startswith("YAML-") or (d.file, d.line, d.col) not in unread}
+    return sorted(kept, key=_order)
 
 
 def _order(d: Diagnostic) -> tuple[int, int, str, str]:
