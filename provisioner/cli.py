@@ -41,6 +41,17 @@ OverlayOpt = Annotated[Path | None, typer.Option("--overlay", help="A YAML overl
                                                  "(e.g. the lab's .lab/<cluster>/overlay.yaml).")]
 
 
+def _state_dir_option(value: Path | None) -> Path | None:
+    """--out names a directory (made if missing); a file there is a usage error before anything runs."""
+    if value is not None and value.exists() and not value.is_dir():
+        raise typer.BadParameter(f"{value}: not a directory")
+    return value
+
+
+StateDirOpt = Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).",
+                                                  callback=_state_dir_option)]
+
+
 def _version(value: bool) -> None:
     if value:
         out.print(f"provision {__version__}")
@@ -85,8 +96,7 @@ def validate(
 @app.command()
 def render(
     spec: SpecArg,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     diff: Annotated[bool, typer.Option("--diff", help="Show the diff against the previous render.")] = False,
     overlay: OverlayOpt = None,
 ) -> None:
@@ -179,8 +189,7 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
 def up(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only these phases (repeat or comma-separate): "
                                                    "preflight, repos, gpu_stack, ofed, fabric, storage, verify, "
                                                    "report.")] = None,
@@ -269,8 +278,7 @@ def drift_cmd(
     overlay: OverlayOpt = None,
     limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04].")]
     = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the drift report as JSON.")] = False,
 ) -> None:
     """Read every node's manifest (/var/lib/provisioner/manifest.json) over SSH and report drift: versions off
@@ -296,8 +304,7 @@ def drift_cmd(
 def status_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     last: Annotated[int, typer.Option("--last", min=1, help="How many runs to show.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
@@ -333,8 +340,7 @@ def verify_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json to standard output.")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="Also write JUnit XML here.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Also write the HTML report here.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Prove the fabric against the spec: links, versions, bandwidth per rail, GPUDirect, NCCL, cabling.
 
@@ -377,8 +383,7 @@ def replace_node_cmd(
                                                              "only if it has this fingerprint (SHA256:...).")]
     = None,
     peers: Annotated[int, typer.Option("--peers", min=1, help="Healthy peers to measure it against.")] = 2,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Bring a swapped node back: trust its new host key (explicitly), record the new GUIDs, converge it alone,
     update the SM's partitions, verify it against healthy peers.
@@ -406,8 +411,7 @@ def trust_host_cmd(
                                                     "node's console (one node only).")] = None,
     fingerprints: Annotated[Path | None, typer.Option("--fingerprints", help="File of '<node> SHA256:...' lines "
                                                       "(a rack at once).")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Record new nodes' SSH host keys in the spec's known_hosts, only where the node offers the fingerprint you
     give. Without one it prints what each node offers and records nothing. A node whose recorded key changed is
@@ -644,6 +648,10 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err.print("provision: aborted", markup=False)
         return 130
+    except OSError as exc:  # a file or directory the command needs cannot be read or written: could not run
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"provision: error: {where}{exc.strerror or exc}", markup=False)
+        return 2
     except Exception as exc:  # click usage errors and anything unexpected: one line, never a traceback
         format_message = getattr(exc, "format_message", None)
         if callable(format_message):  # click's usage errors (typer may carry its own click)

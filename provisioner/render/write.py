@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ import yaml
 
 from provisioner.render.model import Inventory, build_inventory
 from provisioner.spec.cluster import Cluster
+from provisioner.state import fsync_dir, write_text_atomic
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("provisioner.render", "templates"),
@@ -88,15 +88,11 @@ def render_inventory(cluster: Cluster, out_dir: Path | None = None) -> RenderRes
     for rel, content in files.items():
         if old.get(rel) == content:
             continue
-        target = base / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        write_text_atomic(base / rel, content, mode=0o644)
         written.append(rel)
     removed = [rel for rel in old if rel not in files]
     for rel in removed:
         (base / rel).unlink()
+    for parent in {(base / rel).parent for rel in removed}:
+        fsync_dir(parent)
     return RenderResult(base, written, removed, "".join(diff_parts))
