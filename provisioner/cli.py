@@ -48,6 +48,9 @@ def _state_dir_option(value: Path | None) -> Path | None:
     return value
 
 
+LimitOpt = Annotated[str | None, typer.Option("--limit", help="Only these hosts: Ansible patterns over the spec's "
+                                              "hosts and groups (compute,!gpu03  rail_0:&leaf_rail0  gpu0*  "
+                                              "compute[0:3]) or a hostlist (gpu[01-04],sm1).")]
 StateDirOpt = Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).",
                                                   callback=_state_dir_option)]
 
@@ -194,8 +197,7 @@ def up(
                                                    "preflight, repos, gpu_stack, ofed, fabric, storage, verify, "
                                                    "report.")] = None,
     from_phase: Annotated[str | None, typer.Option("--from", help="Start at this phase and run the rest.")] = None,
-    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04],sm1.")]
-    = None,
+    limit: LimitOpt = None,
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file changes (with --check: what would change).")]
     = False,
@@ -276,8 +278,7 @@ def _print_latest_drift(state_dir: Path) -> None:
 def drift_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04].")]
-    = None,
+    limit: LimitOpt = None,
     out_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the drift report as JSON.")] = False,
 ) -> None:
@@ -288,9 +289,10 @@ def drift_cmd(
     """
     from provisioner.drift import check_cluster, summary_lines
     from provisioner.phases import expand_limit
+    from provisioner.render.model import build_inventory
 
     cluster, _ = load_cluster(spec, overlay)
-    nodes = expand_limit(limit, [n.name for n in cluster.nodes])
+    nodes = expand_limit(limit, [n.name for n in cluster.nodes], build_inventory(cluster).groups)
     report = check_cluster(cluster, out_dir or Path(".provision") / cluster.name, nodes=nodes)
     if as_json:
         out.print_json(json.dumps(report.to_json()))
@@ -405,7 +407,8 @@ def replace_node_cmd(
 @app.command("trust-host")
 def trust_host_cmd(
     spec: SpecArg,
-    nodes: Annotated[str, typer.Argument(help="Nodes, hostlist syntax: gpu[01-04].", show_default=False)],
+    nodes: Annotated[str, typer.Argument(help="Nodes: a hostlist (gpu[01-04]) or Ansible pattern (compute,!gpu03).",
+                                         show_default=False)],
     overlay: OverlayOpt = None,
     fingerprint: Annotated[str | None, typer.Option("--fingerprint", help="The SHA256 fingerprint read on the "
                                                     "node's console (one node only).")] = None,
@@ -422,11 +425,12 @@ def trust_host_cmd(
     from provisioner.errors import UsageError
     from provisioner.phases import expand_limit
     from provisioner.remote import targets_from_cluster
+    from provisioner.render.model import build_inventory
     from provisioner.state import record_host_key
     from provisioner.trust import check_fingerprint, parse_fingerprints, trust_hosts
 
     cluster, _ = load_cluster(spec, overlay)
-    chosen = expand_limit(nodes, [n.name for n in cluster.nodes]) or []
+    chosen = expand_limit(nodes, [n.name for n in cluster.nodes], build_inventory(cluster).groups, what="NODES")
     expected: dict[str, str] = {}
     if fingerprints is not None:
         try:
