@@ -354,11 +354,14 @@ def verify_cmd(
 
     if mode not in (None, "quick", "full"):
         raise UsageError(f"--mode {mode}: use quick or full")
+    from provisioner.state import run_lock
+
     cluster, warnings = load_cluster(spec, overlay)
     _print_diagnostics(warnings)
     tests = [t.strip() for t in only.split(",") if t.strip()] if only else None
-    run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
-                 progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
+    with run_lock(out_dir or Path(".provision") / cluster.name, command="provision verify"):  # not during a run
+        run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
+                     progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
     if junit:
         junit.write_text(to_junit(run.report), encoding="utf-8")
     if html:

@@ -201,3 +201,31 @@ def test_a_killed_run_is_dead_and_resumes(tmp_path: Path, playbooks: Path) -> No
     assert closed.phase("ofed") is None or closed.phase("ofed").status != "pending"  # type: ignore[union-attr]
     assert [r.status for r in status_rows(tmp_path / "st")] == ["passed", "dead"]
     assert os.path.exists(tmp_path / "st" / "run.lock")
+
+
+HOLD = """
+import sys
+from pathlib import Path
+from provisioner.state import acquire_run_lock
+acquire_run_lock(Path(sys.argv[1]), run_id="20250101T000000.000000Z-abcdef")
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_verify_and_replace_node_wait_for_no_run(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`provision verify` measuring during a converge, or replace-node during a run, would both be wrong."""
+    from provisioner.cli import main
+
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path / "st")], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        for args in (["verify", str(LAB), "--out", str(tmp_path / "st")],
+                     ["replace-node", str(LAB), "gpu01", "--out", str(tmp_path / "st")]):
+            assert main(args) == 2, args
+            err = capsys.readouterr().err
+            assert "another provision run is working on" in err and "20250101T000000.000000Z-abcdef" in err, err
+    finally:
+        holder.communicate("", timeout=30)
+    assert main(["status", str(LAB), "--out", str(tmp_path / "st")]) == 0  # the lock went with its process
