@@ -1,6 +1,7 @@
 """The `provision` command line (typer). Thin: parses arguments, calls the library, maps errors to exit codes.
 
-Exit codes: 0 success, 1 the spec or the fabric has problems (findings), 2 could not run (usage, I/O, unreachable).
+Exit codes: 0 success, 1 the spec or the fabric has problems (findings), 2 could not run (usage, I/O, unreachable);
+128 + the signal when a run is interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
 `provision cluster.yaml` is the whole bring-up: the same as `provision up cluster.yaml`.
 """
 
@@ -16,6 +17,7 @@ from rich.console import Console
 
 from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
+from provisioner.interrupt import Interrupted
 from provisioner.spec import Diagnostic, load_cluster, load_spec
 
 EPILOG = """\b
@@ -218,7 +220,8 @@ def up(
 ) -> None:
     """The whole bring-up (what `provision cluster.yaml` runs): validate, render, converge, verify, report.
 
-    Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run.
+    Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run; 130/143/129 when
+    interrupted by Ctrl-C/SIGTERM/SIGHUP (the phase is recorded as interrupted; a second Ctrl-C exits at once).
     """
     from provisioner.phases import RunOptions, provision_run, summary_lines
     from provisioner.progress import JsonReporter, LiveReporter
@@ -230,12 +233,21 @@ def up(
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
     steps = _verify_steps(spec, overlay, out_dir)
     hook = _drift_hook(spec, overlay)
-    if as_json:
-        journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
-                                after_converge=hook)
-    else:
-        with LiveReporter(err) as rep:
-            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep, after_converge=hook)
+    try:
+        if as_json:
+            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
+                                    after_converge=hook)
+        else:
+            with LiveReporter(err) as rep:
+                journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep,
+                                        after_converge=hook)
+    except Interrupted as exc:
+        if exc.journal is not None and not as_json:
+            for line in summary_lines(exc.journal):
+                err.print(line, markup=False)
+        err.print(f"provision: {exc}; the journal is closed: `--resume` continues", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    if not as_json:
         for line in summary_lines(journal):
             err.print(line, markup=False)
         _print_run_drift(spec, overlay, out_dir, journal.run_id)
@@ -655,6 +667,9 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err.print("provision: aborted", markup=False)
         return 130
+    except Interrupted as exc:
+        err.print(f"provision: {exc}", markup=False)
+        return exc.exit_code
     except OSError as exc:  # a file or directory the command needs cannot be read or written: could not run
         where = f"{exc.filename}: " if exc.filename else ""
         err.print(f"provision: error: {where}{exc.strerror or exc}", markup=False)

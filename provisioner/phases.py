@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from provisioner import interrupt
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.hostpattern import select_hosts
 from provisioner.runner import PLAYBOOKS_DIR, PlaybookResult, RunnerError, run_playbook
@@ -287,8 +288,28 @@ class Engine:
                              self.options.to_json(), resumed_from=plan.resumed_from, pid=os.getpid(),
                              host=socket.gethostname())
         run_dir = runs_dir(self.state_dir) / self.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
+        with interrupt.interruptible(), interrupt.on_abort(lambda signum: self._close_interrupted(journal, signum)):
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                save_journal(self.state_dir, journal)
+                self._phases(plan, journal, run_dir)
+            except interrupt.Interrupted as exc:
+                self._close_interrupted(journal, exc.signum)
+                self.reporter.run_finished(journal)
+                exc.journal = journal
+                raise
+        return journal
+
+    def _close_interrupted(self, journal: RunJournal, signum: int) -> None:
+        """The phase under way is interrupted (its hosts complete nothing); the journal is closed, not running."""
+        why = f"interrupted by {interrupt.Interrupted(signum).signame}"
+        if journal.phases and journal.phases[-1].status == "pending":
+            rec = journal.phases[-1]
+            rec.status, rec.ended, rec.note = "interrupted", utcnow(), why
+        journal.status, journal.stop_reason, journal.ended = "interrupted", why, utcnow()
         save_journal(self.state_dir, journal)
+
+    def _phases(self, plan: RunPlan, journal: RunJournal, run_dir: Path) -> None:
         active = list(plan.hosts)
         set_aside: dict[str, dict[str, str]] = {}
         last_converge = next((n for n in reversed(plan.phases) if phase(n).playbook), None)
@@ -333,7 +354,6 @@ class Engine:
         journal.status = final_status(journal)
         save_journal(self.state_dir, journal)
         self.reporter.run_finished(journal)
-        return journal
 
     def _apply(self, name: str, targets: list[str], outcome: StepOutcome, rec: PhaseRecord, journal: RunJournal,
                set_aside: dict[str, dict[str, str]]) -> None:
@@ -466,7 +486,15 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
 
     `steps` supplies the Python phases beyond validate/render (verify, report); missing ones are not built.
     `after_converge` runs once after the last converge phase (the CLI passes the manifest/drift check).
+    A signal ends it with :class:`provisioner.interrupt.Interrupted` (its `journal` closed as interrupted).
     """
+    with interrupt.interruptible():  # SIGTERM while loading or waiting is a clean exit too, not a kill
+        return _provision_run(spec, options, state_dir, runner, steps, reporter, playbooks_dir, after_converge)
+
+
+def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runner: PlaybookRunner,
+                   steps: Mapping[str, PythonStep] | None, reporter: Reporter | None, playbooks_dir: Path,
+                   after_converge: AfterConverge | None) -> RunJournal:
     from provisioner.render import render_inventory
     from provisioner.render.model import build_inventory
     from provisioner.spec import load_cluster
@@ -480,7 +508,8 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
     groups = build_inventory(cluster).groups
     with run_lock(sdir, run_id=run_id, command="provision up" + (" --check" if options.check else "")):
         if not options.check:  # a check run changes nothing, not even an old journal
-            close_dead_runs(sdir, found_by=run_id)
+            for dead in close_dead_runs(sdir, found_by=run_id):
+                interrupt.kill_run_processes(runs_dir(sdir) / dead)  # its ansible-playbook outlived it
         previous = resumable_run(sdir) if options.resume else None
         plan = plan_run([n.name for n in cluster.nodes], options, previous, groups)
         # a check run renders into its own directory: the live inventory stays what the last real run used
