@@ -22,17 +22,32 @@ _ENV = jinja2.Environment(
 )
 
 
+class _Unsafe(str):
+    """A string value of the inventory: written with Ansible's `!unsafe` tag, so Ansible never templates it.
+
+    Every string in the inventory comes from the spec or an overlay (or is the tool's own constant): site data
+    must never become code, and a `{{ lookup('pipe', ...) }}` in it would otherwise run on the control node."""
+
+    __slots__ = ()
+
+
 # libyaml's emitter when present (a 4,096-node render is dominated by YAML emission), else PyYAML's own;
 # both give the same text for the plain data rendered here.
-_Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    pass
+
+
+_Dumper.add_representer(_Unsafe, lambda dumper, value: dumper.represent_scalar("!unsafe", str(value)))
 
 
 def _plain(data: Any) -> Any:
-    """Copies without shared sub-objects, so no emitter writes anchors and aliases."""
+    """Copies without shared sub-objects (so no emitter writes anchors and aliases), strings marked unsafe."""
     if isinstance(data, dict):
         return {k: _plain(v) for k, v in data.items()}
-    if isinstance(data, list):
+    if isinstance(data, list | tuple):
         return [_plain(v) for v in data]
+    if isinstance(data, str):
+        return _Unsafe(data)
     return data
 
 

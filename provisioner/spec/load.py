@@ -26,6 +26,7 @@ from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.cluster import CableX, Cluster, Node, Port, SwitchX
 from provisioner.spec.diagnostics import Diagnostic, Severity
 from provisioner.spec.models import Spec
+from provisioner.spec.reserved import ReservedName
 from provisioner.spec.yamlload import Located, Path, load_yaml
 
 MAX_SPEC_BYTES = 16 * 1024 * 1024
@@ -46,21 +47,40 @@ class LoadResult:
 
 
 class _Report:
-    """Collects diagnostics against one located document."""
+    """Collects diagnostics against one located document (and the overlay merged onto it, if any).
 
-    def __init__(self, located: Located | None, file: str) -> None:
+    A path given by the overlay is reported at the overlay's file:line, everything else at the spec's."""
+
+    def __init__(self, located: Located | None, file: str, overlay: Located | None = None) -> None:
         self.located = located
         self.file = file
+        self.overlay = overlay
         self.items: list[Diagnostic] = []
+
+    def where(self, path: Path, *, key: bool = False) -> tuple[str, int, int]:
+        if self.overlay is not None and _depth(self.overlay, path, key) >= max(1, _depth(self.located, path, key)):
+            m = self.overlay.mark(path, key=key)
+            return self.overlay.file, m.line, m.col
+        if self.located is None:
+            return self.file, 1, 1
+        m = self.located.mark(path, key=key)
+        return self.file, m.line, m.col
 
     def add(self, path: Path, rule: str, message: str, hint: str = "", *,
             severity: Severity = "error", key: bool = False) -> None:
-        if self.located is None:
-            line, col = 1, 1
-        else:
-            m = self.located.mark(path, key=key)
-            line, col = m.line, m.col
-        self.items.append(Diagnostic(self.file, line, col, rule, severity, message, hint))
+        file, line, col = self.where(path, key=key)
+        self.items.append(Diagnostic(file, line, col, rule, severity, message, hint))
+
+
+def _depth(located: Located | None, path: Path, key: bool) -> int:
+    """How much of `path` the document itself holds (the longest prefix it has a position for)."""
+    if located is None:
+        return 0
+    for n in range(len(path), 0, -1):
+        p = tuple(path[:n])
+        if p in located.marks or (key and p in located.key_marks):
+            return n
+    return 0
 
 
 def rate_gbps(value: int | str) -> float:
@@ -99,12 +119,22 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return current
 
 
-def _schema_diagnostics(exc: ValidationError, rep: _Report) -> None:
+def _schema_diagnostics(exc: ValidationError, rep: _Report, data: Any) -> None:
     for err in exc.errors():
         loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
+        if loc and loc[-1] == "[key]":  # a dict key failed (a site_vars name): point at the key
+            path = tuple(loc[:-1])
+            error = err.get("ctx", {}).get("error")
+            if isinstance(error, ReservedName):
+                rep.add(path, "SPEC-RESERVED-VAR", str(error),
+                        "site_vars set role tunables only; connection settings come from the spec's ssh:", key=True)
+            else:
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                rep.add(path, "SPEC-SCHEMA", f"key '{path[-1]}': {msg}", "", key=True)
+            continue
         # pydantic adds union member names (e.g. 'int', "literal['SDR',...]") to loc; drop what the data lacks
         data_loc: list[str | int] = []
-        node: Any = rep.located.data if rep.located else None
+        node: Any = data
         for part in loc:
             in_dict = isinstance(node, dict) and part in node
             in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
@@ -342,7 +372,7 @@ def _expand(spec: Spec, rep: _Report) -> Cluster:
 
 
 def _line(rep: _Report, path: Path) -> int:
-    return rep.located.mark(path).line if rep.located else 0
+    return rep.where(path)[1]
 
 
 def _valid_hostname(name: str) -> bool:
@@ -396,10 +426,19 @@ def read_spec_text(path: str | FsPath) -> str:
         raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", hint="save the spec as UTF-8") from None
 
 
-def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> LoadResult:
-    """Validate spec `text` (named `file` in diagnostics); never raises for bad content."""
+OVERLAY_KEYS = frozenset(Spec.model_fields) | {"addresses"}
+
+
+def load_text(text: str, file: str, overlay: dict[str, Any] | Located | None = None) -> LoadResult:
+    """Validate spec `text` (named `file` in diagnostics); never raises for bad content.
+
+    `overlay` (the lab's, or a site's) is merged onto the spec before validation, so its values are checked
+    like the spec's; given as a Located (load_spec does), its problems name the overlay's file and line.
+    Its `addresses` (node -> management address) must name nodes of the spec and be IPv4 addresses."""
     located, problems = load_yaml(text, file)
-    rep = _Report(located, file)
+    over = overlay if isinstance(overlay, Located) else (
+        Located(data=overlay, file="<overlay>") if overlay is not None else None)
+    rep = _Report(located, file, over)
     for pr in problems:
         rep.items.append(Diagnostic(file, pr.mark.line, pr.mark.col, pr.rule, "error", pr.message, pr.hint))
     if located is None:
@@ -409,15 +448,28 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> Lo
                 "start from one of the files in examples/")
         return LoadResult(None, rep.items)
     data = located.data
-    addresses: dict[str, str] = {}
-    if overlay:
-        addresses = dict(overlay.get("addresses") or {})
-        rest = {k: v for k, v in overlay.items() if k != "addresses"}
+    addresses: dict[str, Any] = {}
+    if over is not None and over.data:
+        if not isinstance(over.data, dict):
+            rep.add((), "SPEC-SCHEMA", "an overlay must be a mapping of spec keys (and addresses:)")
+            return LoadResult(None, _finish(rep.items))
+        raw = over.data.get("addresses") or {}
+        if not isinstance(raw, dict):
+            rep.add(("addresses",), "SPEC-SCHEMA", "addresses: must map node names to IPv4 addresses")
+            raw = {}
+        addresses = dict(raw)
+        for k in over.data:
+            if k not in OVERLAY_KEYS:
+                close = difflib.get_close_matches(str(k), sorted(OVERLAY_KEYS), n=1, cutoff=0.6)
+                rep.add((k,), "SPEC-UNKNOWN-KEY", f"unknown key '{k}' in the overlay",
+                        f"did you mean '{close[0]}'?" if close else "an overlay holds spec keys and addresses:",
+                        key=True)
+        rest = {k: v for k, v in over.data.items() if k != "addresses" and k in OVERLAY_KEYS}
         data = _deep_merge(data, rest)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        _schema_diagnostics(exc, rep)
+        _schema_diagnostics(exc, rep, data)
         repaired = _repair(data, exc)
         if repaired is None:
             return LoadResult(None, _finish(rep.items))
@@ -434,7 +486,7 @@ class _RemappedReport(_Report):
     """Reports against the original document while checking a repaired copy whose lists lost items."""
 
     def __init__(self, inner: _Report, kept: dict[tuple[str | int, ...], list[int]]) -> None:
-        super().__init__(inner.located, inner.file)
+        super().__init__(inner.located, inner.file, inner.overlay)
         self.items = inner.items
         self.kept = kept
 
@@ -449,14 +501,39 @@ class _RemappedReport(_Report):
         super().add(tuple(out), rule, message, hint, severity=severity, key=key)
 
 
-def _expand_and_check(spec: Spec, rep: _Report, addresses: dict[str, str]) -> Cluster:
+def _expand_and_check(spec: Spec, rep: _Report, addresses: dict[str, Any]) -> Cluster:
     cluster = _expand(spec, rep)
     if addresses:
-        cluster.nodes = [replace(n, address=addresses.get(n.name, n.address)) for n in cluster.nodes]
+        cluster.nodes = [replace(n, address=a) if isinstance(a := addresses.get(n.name), str) else n
+                         for n in cluster.nodes]
+        _check_overlay_addresses(cluster, rep, addresses)
     from provisioner.spec.rules import run_rules
 
     run_rules(cluster, rep)
     return cluster
+
+
+def _check_overlay_addresses(cluster: Cluster, rep: _Report, addresses: dict[str, Any]) -> None:
+    """Overlay addresses are checked like the spec's: a known node, a dotted-quad IPv4, no address twice."""
+    known = {n.name for n in cluster.nodes}
+    for name, addr in addresses.items():
+        path: Path = ("addresses", name)
+        if name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1)
+            rep.add(path, "SPEC-UNDEFINED-NODE", f"the overlay gives an address for '{name}', not a node of the spec",
+                    f"did you mean '{close[0]}'?" if close else "list only the spec's nodes", key=True)
+        elif not isinstance(addr, str) or not _valid_ipv4(addr):
+            rep.add(path, "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
+                    "write a dotted quad such as 10.0.0.11 (addresses reach SSH and the inventory)")
+    by_address: dict[str, list[str]] = {}
+    for n in cluster.nodes:
+        by_address.setdefault(n.address, []).append(n.name)
+    for addr, names in by_address.items():
+        for name in names:
+            if len(names) > 1 and name in addresses:
+                others = ", ".join(x for x in names if x != name)
+                rep.add(("addresses", name), "SPEC-DUP-ADDRESS", f"address {addr} of {name} is also {others}'s",
+                        "each node its own address")
 
 
 def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tuple[str | int, ...], list[int]]] | None:
@@ -523,12 +600,16 @@ def _order(d: Diagnostic) -> tuple[int, int, str, str]:
 def load_spec(path: str | FsPath, overlay: str | FsPath | None = None) -> LoadResult:
     """Read and validate the spec file at `path` (and an optional overlay such as the lab's)."""
     text = read_spec_text(path)
-    over: dict[str, Any] | None = None
+    over: Located | None = None
     if overlay is not None:
         loc, probs = load_yaml(read_spec_text(overlay), str(overlay))
-        if probs or loc is None or not isinstance(loc.data, dict):
-            raise UsageError(f"{overlay}: not a valid overlay file")
-        over = loc.data
+        if probs:
+            return LoadResult(None, _finish([Diagnostic(str(overlay), p.mark.line, p.mark.col, p.rule, "error",
+                                                        p.message, p.hint) for p in probs]))
+        if loc is None or not isinstance(loc.data, dict):
+            return LoadResult(None, [Diagnostic(str(overlay), 1, 1, "SPEC-SCHEMA", "error",
+                                                "an overlay must be a mapping of spec keys (and addresses:)")])
+        over = loc
     return load_text(text, str(path), over)
 
 

@@ -9,7 +9,17 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from provisioner.spec.reserved import ReservedName, why_reserved
 
 # --- constrained strings ---------------------------------------------------------------------------------------
 HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
@@ -32,7 +42,14 @@ ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-
 LnetNet = Annotated[str, StringConstraints(pattern=r"^(o2ib|tcp)[0-9]{0,2}(\([A-Za-z0-9_.-]{1,15}\))?$")]
 Nid = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}@(o2ib|tcp)[0-9]{0,2}$")]
 FsName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,8}$")]
-SiteVarName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
+def _not_reserved(name: str) -> str:
+    why = why_reserved(name)
+    if why is not None:
+        raise ReservedName(f"site_vars may not set '{name}': {why}")
+    return name
+
+
+SiteVarName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$"), AfterValidator(_not_reserved)]
 SiteVarValue = bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/=,+-]{0,256}$")]
 ClientSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9*.\[\],/_-]{1,256}$")]
 
