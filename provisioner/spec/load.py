@@ -119,8 +119,21 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return current
 
 
+def _union_errors(errors: list[Any]) -> list[Any]:
+    """A string that fails a `bool | int | str` field reports why the string is wrong, not that it is no bool."""
+    def member(err: Any) -> str | None:
+        last = err["loc"][-1] if err["loc"] else None
+        return last if isinstance(last, str) and (last in ("bool", "int", "float") or "str" in last) else None
+
+    def key(err: Any) -> tuple[Any, ...]:
+        return tuple(err["loc"][:-1])
+
+    stringy = {key(e) for e in errors if member(e) and "str" in str(member(e)) and isinstance(e.get("input"), str)}
+    return [e for e in errors if not (member(e) in ("bool", "int", "float") and key(e) in stringy)]
+
+
 def _schema_diagnostics(exc: ValidationError, rep: _Report, data: Any) -> None:
-    for err in exc.errors():
+    for err in _union_errors(list(exc.errors())):
         loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
         if loc and loc[-1] == "[key]":  # a dict key failed (a site_vars name): point at the key
             path = tuple(loc[:-1])

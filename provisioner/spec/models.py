@@ -7,6 +7,7 @@ pick, so the common case stays short (see examples/).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
 from pydantic import (
@@ -29,19 +30,30 @@ ProfileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,40}$")
 DeviceExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(\[[0-9,-]+\])?$", max_length=40)]
 NetDev = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
 UnixUser = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
+def _no_parent_dir(value: str) -> str:
+    """A path (or URL, or option) that reaches a node never climbs out of where it says it is."""
+    if re.search(r"(^|[/=])\.\.(/|$)", value):
+        raise ValueError(f"'..' is not allowed in a path that reaches a node: {value!r}")
+    return value
+
+
+NodeSafe = AfterValidator(_no_parent_dir)
 LocalPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/~@+-]+$", max_length=1024)]
-AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024)]
+AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024), NodeSafe]
 Version = Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+~-]{0,63}$")]
 Url = Annotated[
-    str, StringConstraints(pattern=r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~/%+-]*)?$")
+    str, StringConstraints(pattern=r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~/%+-]*)?$"),
+    NodeSafe,
 ]
 Guid = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{16}$")]
 PciAddr = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
-MountOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$")]
-ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$")]
+MountOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$"), NodeSafe]
+ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$"), NodeSafe]
 LnetNet = Annotated[str, StringConstraints(pattern=r"^(o2ib|tcp)[0-9]{0,2}(\([A-Za-z0-9_.-]{1,15}\))?$")]
 Nid = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}@(o2ib|tcp)[0-9]{0,2}$")]
 FsName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,8}$")]
+
+
 def _not_reserved(name: str) -> str:
     why = why_reserved(name)
     if why is not None:
@@ -50,7 +62,7 @@ def _not_reserved(name: str) -> str:
 
 
 SiteVarName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$"), AfterValidator(_not_reserved)]
-SiteVarValue = bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/=,+-]{0,256}$")]
+SiteVarValue = bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/=,+-]{0,256}$"), NodeSafe]
 ClientSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9*.\[\],/_-]{1,256}$")]
 
 Role = Literal["compute", "login", "subnet_manager", "nfs_server", "storage", "management"]

@@ -183,3 +183,31 @@ def test_reserved_names_follow_ansible() -> None:
     from ansible.vars.reserved import get_reserved_names
 
     assert set(get_reserved_names()) <= ANSIBLE_RESERVED_NAMES
+
+
+# --- item 9: '..' in any path that reaches a node ----------------------------------------------------------------
+@pytest.mark.parametrize(("old", "new"), [
+    ("mount: /home,", "mount: /home/../etc,"),
+    ("export: /export/home,", "export: /export/home/..,"),
+    ("path: /export/home,", "path: /export/../etc,"),
+    ("mount: /lustre/scratch,", "mount: /lustre/scratch/../../root,"),
+    ("x86_64, key: keys/cuda.gpg", "x86_64/../../../etc, key: keys/cuda.gpg"),
+    ("options: [rw, sync, root_squash]", "options: [rw, sync, root_squash, fsid=/../x]"),
+], ids=["nfs-mount", "nfs-export", "export-path", "lustre-mount", "repo-url", "export-option"])
+def test_parent_dir_never_reaches_a_node(old: str, new: str) -> None:
+    text = H100.read_text()
+    assert old in text
+    text = text.replace(old, new, 1)
+    line = next(i for i, ln in enumerate(text.splitlines(), 1) if new in ln)
+    res = load_text(text, "c.yaml")
+    bad = [d for d in res.errors if "'..' is not allowed" in d.message]
+    assert [d.line for d in bad] == [line], [d.format() for d in res.errors]
+
+
+def test_parent_dir_in_site_vars_and_overlays(tmp_path: Path) -> None:
+    text, at = spec_with_site_vars(["preflight_gpu_evidence: ../../etc/shadow", "nfs_note: a..b"])
+    [d] = load_text(text, "c.yaml").errors
+    assert d.line == at and "'..' is not allowed" in d.message, d.format()
+    ov = overlay_file(tmp_path, "site_vars:\n  preflight_gpu_evidence: /var/../../etc\n")
+    [d] = load_spec(LAB, ov).errors
+    assert (d.file, d.line) == (str(ov), 2) and "'..'" in d.message, d.format()
