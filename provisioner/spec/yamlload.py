@@ -196,9 +196,9 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
     seen: set[int] = set()       # nodes built once: meeting one again is an alias (or merge key) expanding
     building: set[int] = set()   # nodes on the current path: meeting one of them is a recursive alias
     alias_depth = 0
+    alias_at: Path = ()          # where the outermost alias being expanded is used (its key is reported)
 
     def count(node: Node, path: Path) -> None:
-        nonlocal alias_depth
         counts["values"] += 1
         if alias_depth:
             counts["alias_values"] += 1
@@ -207,22 +207,25 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
         if counts["values"] > MAX_VALUES:
             raise _Limit(path, "YAML-SIZE", f"the document holds more than {MAX_VALUES} values",
                          "a cluster spec is far smaller: use hostlist ranges (gpu[001-128])")
-        if counts["alias_uses"] > MAX_ALIAS_USES or counts["alias_values"] > MAX_ALIAS_VALUES:
-            raise _Limit(path, "YAML-ALIAS", "aliases here expand to more than "
-                         f"{min(MAX_ALIAS_VALUES, counts['alias_values'])} values "
-                         f"({counts['alias_uses']} alias uses)", "write the values out; a spec needs few aliases")
+        hint = "write the values out; a spec needs few aliases"
+        if counts["alias_uses"] > MAX_ALIAS_USES:
+            raise _Limit(alias_at, "YAML-ALIAS", f"more than {MAX_ALIAS_USES} aliases are expanded", hint)
+        if counts["alias_values"] > MAX_ALIAS_VALUES:
+            raise _Limit(alias_at, "YAML-ALIAS", f"aliases expand to more than {MAX_ALIAS_VALUES} values", hint)
         if counts["chars"] > MAX_SCALAR_CHARS:
-            raise _Limit(path, "YAML-ALIAS", f"the values built here exceed {MAX_SCALAR_CHARS} characters",
+            raise _Limit(alias_at or path, "YAML-ALIAS", f"the values built exceed {MAX_SCALAR_CHARS} characters",
                          "aliases of long strings expand each time they are used")
 
     def build(node: Node, path: Path) -> Any:
-        nonlocal alias_depth
+        nonlocal alias_depth, alias_at
         if id(node) in building:
             raise _Limit(path, "YAML-ALIAS", "an alias refers to a collection that contains it",
                          "a recursive structure cannot be a spec value")
         reused = id(node) in seen
         if reused:
             counts["alias_uses"] += 1
+            if alias_depth == 0:
+                alias_at = path
             alias_depth += 1
         seen.add(id(node))
         building.add(id(node))
@@ -274,8 +277,8 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
             return None
         try:
             return constructor.construct_object(node, deep=True)
-        except (yaml.constructor.ConstructorError, ValueError, OverflowError) as exc:
-            what = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else str(exc)
+        except Exception as exc:
+            what = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else f"{type(exc).__name__}: {exc}"
             problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot read value: {what}",
                                         "quote the value"))
             return None
@@ -283,6 +286,9 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
     try:
         located.data = build(root, ())
     except _Limit as exc:
-        problems.append(YamlProblem(exc.rule, located.mark(exc.path, key=True), exc.message, exc.hint))
+        # an alias node carries the anchor's position: name the key that holds the use instead
+        keyed = next((exc.path[:i] for i in range(len(exc.path), 0, -1) if exc.path[:i] in located.key_marks), ())
+        mark = located.key_marks[keyed] if keyed else located.mark(exc.path)
+        problems.append(YamlProblem(exc.rule, mark, exc.message, exc.hint))
         return None, problems
     return located, problems
