@@ -322,6 +322,7 @@ class Engine:
                 rec.status, rec.ended, rec.note = "skipped", utcnow(), "every host has completed it"
                 continue
             self.reporter.phase_started(name, targets)
+            save_journal(self.state_dir, journal)  # a run killed now shows the phase it was in
             outcome = self._run_phase(ph, targets, run_dir, rec)
             rec.ended = utcnow()
             if outcome.status == "skipped":

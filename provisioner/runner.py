@@ -493,7 +493,9 @@ def run_playbook(
             raise RunnerError(f"ansible-runner could not run {playbook.name}: {exc}") from exc
         artifact_dir = Path(r.config.artifact_dir)
         scrub_artifacts(artifact_dir, frozen)
-        interrupt.check()  # interrupted while it ran: runner stopped the playbook (status canceled)
+        if interrupt.requested() is not None:  # interrupted while it ran: ansible-playbook was stopped
+            interrupt.kill_run_processes(pdd)  # and nothing it started (a worker's module process) lives on
+            interrupt.check()
     error = None
     if not tally.saw_stats and r.status != "successful":
         error = _tail(artifact_dir / "stdout") or f"ansible-playbook ended {r.status} (rc {r.rc})"

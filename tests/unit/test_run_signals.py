@@ -6,8 +6,10 @@ bug was ansible-runner's own signal handlers, which it leaves installed after th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -159,7 +161,20 @@ print("finished", j.status, flush=True)
 
 
 def leftovers(run_dir: Path) -> list[int]:
-    """Processes still running with their ANSIBLE_CONFIG under `run_dir` (ansible-playbook and its workers)."""
+    """Processes still running with their ANSIBLE_CONFIG under `run_dir` (ansible-playbook and its workers),
+    once those already killed have had 10 s to go (waited for through pidfds, not by sleeping)."""
+    found = _running_with(run_dir)
+    for pid in found:
+        with contextlib.suppress(OSError):
+            fd = os.pidfd_open(pid)
+            try:
+                select.select([fd], [], [], 10)
+            finally:
+                os.close(fd)
+    return _running_with(run_dir)
+
+
+def _running_with(run_dir: Path) -> list[int]:
     marker = f"ANSIBLE_CONFIG={run_dir.resolve()}/".encode()
     found = []
     for p in os.listdir("/proc"):
