@@ -355,5 +355,6 @@ class Spec(Strict):
     storage: Storage = Field(default_factory=Storage, description="NFS exports/mounts and Lustre mounts.")
     verify: Verify = Field(default_factory=Verify, description="What `provision verify` checks and its thresholds.")
     site_vars: dict[SiteVarName, SiteVarValue] = Field(
-        default_factory=dict, description="Site overrides of role variables (e.g. preflight_gpu_evidence), "
-        "rendered into group_vars/all; names and string values are pattern-checked.")
+        default_factory=dict, description="Site overrides of role tunables (e.g. preflight_gpu_evidence), "
+        "rendered into group_vars/all as data (!unsafe); names and string values are pattern-checked, and "
+        "ansible_*, provisioner_*, Ansible keywords and every variable the tool renders are refused.")
