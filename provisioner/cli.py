@@ -1,6 +1,7 @@
 """The `provision` command line (typer). Thin: parses arguments, calls the library, maps errors to exit codes.
 
-Exit codes: 0 success, 1 the spec or the fabric has problems (findings), 2 could not run (usage, I/O, unreachable).
+Exit codes: 0 success, 1 the spec or the fabric has problems (findings), 2 could not run (usage, I/O, unreachable);
+128 + the signal when a run is interrupted (130 Ctrl-C, 143 SIGTERM, 129 SIGHUP).
 `provision cluster.yaml` is the whole bring-up: the same as `provision up cluster.yaml`.
 """
 
@@ -16,6 +17,7 @@ from rich.console import Console
 
 from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
+from provisioner.interrupt import Interrupted
 from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
 
 EPILOG = """\b
@@ -31,12 +33,28 @@ app = typer.Typer(
     epilog=EPILOG, no_args_is_help=True, rich_markup_mode=None, pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-out = Console(highlight=False, soft_wrap=True)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# Plain text only: diagnostics carry `file:100:3:`, which rich's emoji codes would turn into a symbol, and
+# spec values or host output could carry [markup]. Nothing printed here is ever interpreted.
+out = Console(highlight=False, soft_wrap=True, markup=False, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, markup=False, emoji=False)
 
 SpecArg = Annotated[Path, typer.Argument(help="The cluster spec (cluster.yaml).", show_default=False)]
 OverlayOpt = Annotated[Path | None, typer.Option("--overlay", help="A YAML overlay merged onto the spec "
                                                  "(e.g. the lab's .lab/<cluster>/overlay.yaml).")]
+
+
+def _state_dir_option(value: Path | None) -> Path | None:
+    """--out names a directory (made if missing); a file there is a usage error before anything runs."""
+    if value is not None and value.exists() and not value.is_dir():
+        raise typer.BadParameter(f"{value}: not a directory")
+    return value
+
+
+LimitOpt = Annotated[str | None, typer.Option("--limit", help="Only these hosts: Ansible patterns over the spec's "
+                                              "hosts and groups (compute,!gpu03  rail_0:&leaf_rail0  gpu0*  "
+                                              "compute[0:3]) or a hostlist (gpu[01-04],sm1).")]
+StateDirOpt = Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).",
+                                                  callback=_state_dir_option)]
 
 
 def _version(value: bool) -> None:
@@ -83,8 +101,7 @@ def validate(
 @app.command()
 def render(
     spec: SpecArg,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     diff: Annotated[bool, typer.Option("--diff", help="Show the diff against the previous render.")] = False,
     overlay: OverlayOpt = None,
 ) -> None:
@@ -178,14 +195,12 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
 def up(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     only: Annotated[list[str] | None, typer.Option("--only", help="Run only these phases (repeat or comma-separate): "
                                                    "preflight, repos, ofed, gpu_stack, fabric, storage, slurm, verify, "
                                                    "report.")] = None,
     from_phase: Annotated[str | None, typer.Option("--from", help="Start at this phase and run the rest.")] = None,
-    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04],sm1.")]
-    = None,
+    limit: LimitOpt = None,
     check: Annotated[bool, typer.Option("--check", help="Ansible check mode: report what would change.")] = False,
     diff: Annotated[bool, typer.Option("--diff", help="Show file changes (with --check: what would change).")]
     = False,
@@ -216,7 +231,8 @@ def up(
 ) -> None:
     """The whole bring-up (what `provision cluster.yaml` runs): validate, render, converge, verify, report.
 
-    Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run.
+    Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run; 130/143/129 when
+    interrupted by Ctrl-C/SIGTERM/SIGHUP (the phase is recorded as interrupted; a second Ctrl-C exits at once).
     """
     from provisioner.phases import RunOptions, provision_run, summary_lines
     from provisioner.progress import JsonReporter, LiveReporter
@@ -236,12 +252,21 @@ def up(
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
     steps = _verify_steps(spec, overlay, out_dir)
     hook = _drift_hook(spec, overlay)
-    if as_json:
-        journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
-                                after_converge=hook)
-    else:
-        with LiveReporter(err) as rep:
-            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep, after_converge=hook)
+    try:
+        if as_json:
+            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
+                                    after_converge=hook)
+        else:
+            with LiveReporter(err) as rep:
+                journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep,
+                                        after_converge=hook)
+    except Interrupted as exc:
+        if exc.journal is not None and not as_json:
+            for line in summary_lines(exc.journal):
+                err.print(line, markup=False)
+        err.print(f"provision: {exc}; the journal is closed: `--resume` continues", markup=False)
+        raise typer.Exit(exc.exit_code) from None
+    if not as_json:
         for line in summary_lines(journal):
             err.print(line, markup=False)
         _print_run_drift(spec, overlay, out_dir, journal.run_id)
@@ -345,10 +370,8 @@ def _print_latest_drift(state_dir: Path) -> None:
 def drift_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax: gpu[01-04].")]
-    = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    limit: LimitOpt = None,
+    out_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the drift report as JSON.")] = False,
 ) -> None:
     """Read every node's manifest (/var/lib/provisioner/manifest.json) over SSH and report drift: versions off
@@ -358,9 +381,10 @@ def drift_cmd(
     """
     from provisioner.drift import check_cluster, summary_lines
     from provisioner.phases import expand_limit
+    from provisioner.render.model import build_inventory
 
     cluster, _ = load_cluster(spec, overlay)
-    nodes = expand_limit(limit, [n.name for n in cluster.nodes])
+    nodes = expand_limit(limit, [n.name for n in cluster.nodes], build_inventory(cluster).groups)
     report = check_cluster(cluster, out_dir or Path(".provision") / cluster.name, nodes=nodes)
     if as_json:
         out.print_json(json.dumps(report.to_json()))
@@ -374,8 +398,7 @@ def drift_cmd(
 def status_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     last: Annotated[int, typer.Option("--last", min=1, help="How many runs to show.")] = 10,
     as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
 ) -> None:
@@ -411,8 +434,7 @@ def verify_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json to standard output.")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="Also write JUnit XML here.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Also write the HTML report here.")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Prove the fabric against the spec: links, versions, bandwidth per rail, GPUDirect, NCCL, cabling.
 
@@ -425,11 +447,14 @@ def verify_cmd(
 
     if mode not in (None, "quick", "full"):
         raise UsageError(f"--mode {mode}: use quick or full")
+    from provisioner.state import run_lock
+
     cluster, warnings = load_cluster(spec, overlay)
     _print_diagnostics(warnings)
     tests = [t.strip() for t in only.split(",") if t.strip()] if only else None
-    run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
-                 progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
+    with run_lock(out_dir or Path(".provision") / cluster.name, command="provision verify"):  # not during a run
+        run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
+                     progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
     if junit:
         junit.write_text(to_junit(run.report), encoding="utf-8")
     if html:
@@ -462,8 +487,7 @@ def replace_node_cmd(
                                                              "only if it has this fingerprint (SHA256:...).")]
     = None,
     peers: Annotated[int, typer.Option("--peers", min=1, help="Healthy peers to measure it against.")] = 2,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Bring a swapped node back: trust its new host key (explicitly), record the new GUIDs, converge it alone,
     update the SM's partitions, verify it against healthy peers.
@@ -559,14 +583,14 @@ def datetime_now() -> str:
 @app.command("trust-host")
 def trust_host_cmd(
     spec: SpecArg,
-    nodes: Annotated[str, typer.Argument(help="Nodes, hostlist syntax: gpu[01-04].", show_default=False)],
+    nodes: Annotated[str, typer.Argument(help="Nodes: a hostlist (gpu[01-04]) or Ansible pattern (compute,!gpu03).",
+                                         show_default=False)],
     overlay: OverlayOpt = None,
     fingerprint: Annotated[str | None, typer.Option("--fingerprint", help="The SHA256 fingerprint read on the "
                                                     "node's console (one node only).")] = None,
     fingerprints: Annotated[Path | None, typer.Option("--fingerprints", help="File of '<node> SHA256:...' lines "
                                                       "(a rack at once).")] = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Record new nodes' SSH host keys in the spec's known_hosts, only where the node offers the fingerprint you
     give. Without one it prints what each node offers and records nothing. A node whose recorded key changed is
@@ -577,11 +601,12 @@ def trust_host_cmd(
     from provisioner.errors import UsageError
     from provisioner.phases import expand_limit
     from provisioner.remote import targets_from_cluster
+    from provisioner.render.model import build_inventory
     from provisioner.state import record_host_key
     from provisioner.trust import check_fingerprint, parse_fingerprints, trust_hosts
 
     cluster, _ = load_cluster(spec, overlay)
-    chosen = expand_limit(nodes, [n.name for n in cluster.nodes]) or []
+    chosen = expand_limit(nodes, [n.name for n in cluster.nodes], build_inventory(cluster).groups, what="NODES")
     expected: dict[str, str] = {}
     if fingerprints is not None:
         try:
@@ -891,6 +916,13 @@ def main(argv: list[str] | None = None) -> int:
     except typer.Abort:
         err.print("provision: aborted", markup=False)
         return 130
+    except Interrupted as exc:
+        err.print(f"provision: {exc}", markup=False)
+        return exc.exit_code
+    except OSError as exc:  # a file or directory the command needs cannot be read or written: could not run
+        where = f"{exc.filename}: " if exc.filename else ""
+        err.print(f"provision: error: {where}{exc.strerror or exc}", markup=False)
+        return 2
     except Exception as exc:  # click usage errors and anything unexpected: one line, never a traceback
         format_message = getattr(exc, "format_message", None)
         if callable(format_message):  # click's usage errors (typer may carry its own click)

@@ -12,26 +12,36 @@ A phase whose playbook does not exist yet is recorded as `not_built`, never as p
 it as completed, so a later `--resume` runs it once it exists.
 
 The journal (`provisioner.state`) is written after every phase; `--resume` continues each host from the
-first phase it has not completed.
+first phase it has not completed. One run works on a cluster's state at a time (`provisioner.state.run_lock`).
+
+`--check` changes nothing anywhere: the playbooks run in Ansible's check mode against an inventory rendered
+into the run's own directory (the live one is left alone), with the fact cache there too; the Python steps
+that measure or record (verify, report) do not run; and no later `--resume` continues from a check run.
 """
 
 from __future__ import annotations
 
+import os
 import shlex
+import socket
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from provisioner import interrupt
 from provisioner.errors import ProvisionerError, UsageError
+from provisioner.hostpattern import select_hosts
 from provisioner.runner import PLAYBOOKS_DIR, PlaybookResult, RunnerError, run_playbook
-from provisioner.spec.hostlist import HostlistError, compress, expand
+from provisioner.spec.hostlist import compress
 from provisioner.state import (
     HostProgress,
     PhaseRecord,
     RunJournal,
-    last_run,
+    close_dead_runs,
     new_run_id,
+    resumable_run,
+    run_lock,
     runs_dir,
     save_journal,
     utcnow,
@@ -61,6 +71,8 @@ PHASES: tuple[Phase, ...] = (
     Phase("report", "write the reports"),
 )
 PHASE_NAMES: tuple[str, ...] = tuple(p.name for p in PHASES)
+CHECK_MODE_STEPS: tuple[str, ...] = ("validate", "render")
+"""The Python steps a --check run runs; the others (verify, report) measure or record, so they are skipped."""
 CRITICAL_ROLES: tuple[str, ...] = ("subnet_manager", "nfs_server")
 DEFAULT_MAX_FAIL = 10.0
 
@@ -118,19 +130,13 @@ def select_phases(only: Sequence[str] = (), from_phase: str | None = None) -> li
     return list(PHASE_NAMES)
 
 
-def expand_limit(limit: str | None, known: Sequence[str]) -> list[str]:
-    """`--limit` in hostlist syntax (`gpu[01-04],sm1`), checked against the spec's hosts, in spec order."""
-    if not limit:
+def expand_limit(limit: str | None, known: Sequence[str], groups: Mapping[str, Sequence[str]] | None = None,
+                 *, what: str = "--limit") -> list[str]:
+    """The hosts `--limit` selects, in spec order: every host when it is not given (None); otherwise an Ansible
+    pattern over the hosts and `groups` or a hostlist (provisioner.hostpattern). An empty one is an error."""
+    if limit is None:
         return list(known)
-    try:
-        names = expand(limit)
-    except HostlistError as exc:
-        raise UsageError(f"--limit: {exc}") from None
-    unknown = [n for n in names if n not in known]
-    if unknown:
-        raise UsageError(f"--limit names host(s) not in the spec: {compress(unknown)}")
-    wanted = set(names)
-    return [h for h in known if h in wanted]
+    return select_hosts(limit, known, groups, what=what)
 
 
 def critical_hosts(roles: Mapping[str, Iterable[str]]) -> dict[str, str]:
@@ -151,15 +157,19 @@ class RunPlan:
     resumed_from: str | None = None
 
 
-def plan_run(all_hosts: Sequence[str], options: RunOptions, previous: RunJournal | None = None) -> RunPlan:
+def plan_run(all_hosts: Sequence[str], options: RunOptions, previous: RunJournal | None = None,
+             groups: Mapping[str, Sequence[str]] | None = None) -> RunPlan:
     """Which phases and hosts this run covers. On resume: the previous run's phases, and its hosts that have
     not completed them (narrowed by --limit), each continuing from the first phase it has not completed."""
-    limited = expand_limit(options.limit, all_hosts)
+    limited = expand_limit(options.limit, all_hosts, groups)
     if not options.resume:
         return RunPlan(select_phases(options.only, options.from_phase), limited,
                        {h: HostProgress() for h in limited})
     if previous is None:
-        raise UsageError("--resume: no previous run of this cluster", hint="run without --resume first")
+        raise UsageError("--resume: no previous run of this cluster (--check runs do not count)",
+                         hint="run without --resume first")
+    if previous.check_run:
+        raise UsageError(f"--resume: run {previous.run_id} was a --check run; it changed nothing to continue from")
     if options.only or options.from_phase:
         raise UsageError("--resume continues the previous run's phases; drop --only/--from")
     progress = {h: HostProgress(list(hp.completed), dict(hp.set_aside) if hp.set_aside else None)
@@ -202,7 +212,7 @@ def decide(set_aside: Mapping[str, Mapping[str, str]], run_hosts: int, critical:
 class StepOutcome:
     """What a Python step reports: per-host failures (absent hosts passed), or not_built/error."""
 
-    status: str = "ok"   # ok, not_built, error
+    status: str = "ok"   # ok, not_built, error, skipped
     failed: dict[str, str] = field(default_factory=dict)
     unreachable: dict[str, str] = field(default_factory=dict)
     note: str | None = None
@@ -278,10 +288,31 @@ class Engine:
 
     def execute(self, plan: RunPlan) -> RunJournal:
         journal = RunJournal(self.run_id, self.cluster, self.spec, list(plan.phases), plan.progress,
-                             self.options.to_json(), resumed_from=plan.resumed_from)
+                             self.options.to_json(), resumed_from=plan.resumed_from, pid=os.getpid(),
+                             host=socket.gethostname())
         run_dir = runs_dir(self.state_dir) / self.run_id
-        run_dir.mkdir(parents=True, exist_ok=True)
+        with interrupt.interruptible(), interrupt.on_abort(lambda signum: self._close_interrupted(journal, signum)):
+            try:
+                run_dir.mkdir(parents=True, exist_ok=True)
+                save_journal(self.state_dir, journal)
+                self._phases(plan, journal, run_dir)
+            except interrupt.Interrupted as exc:
+                self._close_interrupted(journal, exc.signum)
+                self.reporter.run_finished(journal)
+                exc.journal = journal
+                raise
+        return journal
+
+    def _close_interrupted(self, journal: RunJournal, signum: int) -> None:
+        """The phase under way is interrupted (its hosts complete nothing); the journal is closed, not running."""
+        why = f"interrupted by {interrupt.Interrupted(signum).signame}"
+        if journal.phases and journal.phases[-1].status == "pending":
+            rec = journal.phases[-1]
+            rec.status, rec.ended, rec.note = "interrupted", utcnow(), why
+        journal.status, journal.stop_reason, journal.ended = "interrupted", why, utcnow()
         save_journal(self.state_dir, journal)
+
+    def _phases(self, plan: RunPlan, journal: RunJournal, run_dir: Path) -> None:
         active = list(plan.hosts)
         set_aside: dict[str, dict[str, str]] = {}
         last_converge = next((n for n in reversed(plan.phases) if phase(n).playbook), None)
@@ -294,8 +325,14 @@ class Engine:
                 rec.status, rec.ended, rec.note = "skipped", utcnow(), "every host has completed it"
                 continue
             self.reporter.phase_started(name, targets)
+            save_journal(self.state_dir, journal)  # a run killed now shows the phase it was in
             outcome = self._run_phase(ph, targets, run_dir, rec)
             rec.ended = utcnow()
+            if outcome.status == "skipped":
+                rec.status, rec.note = "skipped", outcome.note
+                self.reporter.phase_finished(rec)
+                save_journal(self.state_dir, journal)
+                continue
             if outcome.status in ("not_built", "error"):
                 rec.status, rec.note = outcome.status, outcome.note
                 self.reporter.phase_finished(rec)
@@ -321,7 +358,6 @@ class Engine:
         journal.status = final_status(journal)
         save_journal(self.state_dir, journal)
         self.reporter.run_finished(journal)
-        return journal
 
     def _apply(self, name: str, targets: list[str], outcome: StepOutcome, rec: PhaseRecord, journal: RunJournal,
                set_aside: dict[str, dict[str, str]]) -> None:
@@ -355,6 +391,8 @@ class Engine:
 
     def _run_phase(self, ph: Phase, targets: list[str], run_dir: Path, rec: PhaseRecord) -> StepOutcome:
         if ph.playbook is None:
+            if self.options.check and ph.name not in CHECK_MODE_STEPS:
+                return StepOutcome("skipped", note="--check: nothing is measured or recorded")
             step = self.steps.get(ph.name)
             if step is None:
                 return StepOutcome("not_built", note=f"the {ph.name} step is not built yet")
@@ -370,7 +408,8 @@ class Engine:
                 extravars={**self.play_vars, **self.options.extravars} or None,
                 secret_files=self.options.secret_files,
                 vault_password_file=self.options.vault_password_file,
-                state_dir=self.state_dir, ident=ph.name)
+                # a check run keeps even the fact cache in its own directory
+                state_dir=run_dir if self.options.check else self.state_dir, ident=ph.name)
         except RunnerError as exc:
             return StepOutcome("error", note=str(exc))
         rec.artifact_dir = str(result.artifact_dir) if result.artifact_dir else None
@@ -452,9 +491,17 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
 
     `steps` supplies the Python phases beyond validate/render (verify, report); missing ones are not built.
     `after_converge` runs once after the last converge phase (the CLI passes the manifest/drift check).
+    A signal ends it with :class:`provisioner.interrupt.Interrupted` (its `journal` closed as interrupted).
     """
+    with interrupt.interruptible():  # SIGTERM while loading or waiting is a clean exit too, not a kill
+        return _provision_run(spec, options, state_dir, runner, steps, reporter, playbooks_dir, after_converge)
+
+
+def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runner: PlaybookRunner,
+                   steps: Mapping[str, PythonStep] | None, reporter: Reporter | None, playbooks_dir: Path,
+                   after_converge: AfterConverge | None) -> RunJournal:
     from provisioner.render import render_inventory
-    from provisioner.render.model import play_vars
+    from provisioner.render.model import build_inventory, play_vars
     from provisioner.slurm.membership import run_vars as slurm_run_vars
     from provisioner.spec import load_cluster
 
@@ -463,20 +510,28 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
     if state_dir is not None and options.out is None:
         options = replace(options, out=str(state_dir))
     sdir = state_dir or Path(".provision") / cluster.name
-    previous = last_run(sdir) if options.resume else None
-    plan = plan_run([n.name for n in cluster.nodes], options, previous)
+    run_id = new_run_id()
+    groups = build_inventory(cluster).groups
+    with run_lock(sdir, run_id=run_id, command="provision up" + (" --check" if options.check else "")):
+        if not options.check:  # a check run changes nothing, not even an old journal
+            for dead in close_dead_runs(sdir, found_by=run_id):
+                interrupt.kill_run_processes(runs_dir(sdir) / dead)  # its ansible-playbook outlived it
+        previous = resumable_run(sdir) if options.resume else None
+        plan = plan_run([n.name for n in cluster.nodes], options, previous, groups)
+        # a check run renders into its own directory: the live inventory stays what the last real run used
+        inventory_base = runs_dir(sdir) / run_id if options.check else sdir
 
-    def validate_step(ctx: StepContext) -> StepOutcome:
-        return StepOutcome(note=f"{len(cluster.nodes)} nodes, {len(warnings)} warning(s)")
+        def validate_step(ctx: StepContext) -> StepOutcome:
+            return StepOutcome(note=f"{len(cluster.nodes)} nodes, {len(warnings)} warning(s)")
 
-    def render_step(ctx: StepContext) -> StepOutcome:
-        res = render_inventory(cluster, sdir)
-        return StepOutcome(note=f"{res.out_dir}: {len(res.written) + len(res.removed)} file(s) changed")
+        def render_step(ctx: StepContext) -> StepOutcome:
+            res = render_inventory(cluster, inventory_base)
+            return StepOutcome(note=f"{res.out_dir}: {len(res.written) + len(res.removed)} file(s) changed")
 
-    all_steps: dict[str, PythonStep] = {"validate": validate_step, "render": render_step, **(steps or {})}
-    engine = Engine(cluster.name, str(spec), sdir, sdir / "inventory",
-                    critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
-                    playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
-                    reporter=reporter or NullReporter(), after_converge=after_converge,
-                    play_vars={**play_vars(cluster), **slurm_run_vars(cluster, sdir)})
-    return engine.execute(plan)
+        all_steps: dict[str, PythonStep] = {"validate": validate_step, "render": render_step, **(steps or {})}
+        engine = Engine(cluster.name, str(spec), sdir, inventory_base / "inventory",
+                        critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
+                        playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
+                        reporter=reporter or NullReporter(), run_id=run_id, after_converge=after_converge,
+                        play_vars={**play_vars(cluster), **slurm_run_vars(cluster, sdir)})
+        return engine.execute(plan)

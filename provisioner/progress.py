@@ -101,7 +101,7 @@ class LiveReporter:
     """The engine's Reporter drawing a rich live view on stderr; prints the summary at the end."""
 
     def __init__(self, console: Console | None = None, model: ProgressModel | None = None) -> None:
-        self.console = console or Console(stderr=True)
+        self.console = console or Console(stderr=True, markup=False, emoji=False, highlight=False)
         self.model = model or ProgressModel()
         self.live = Live(render(self.model), console=self.console, refresh_per_second=4, transient=True)
 
@@ -126,7 +126,8 @@ class LiveReporter:
     def phase_finished(self, record: PhaseRecord) -> None:
         self.model.end_phase(record)
         self.console.print(f"{record.name}: {record.status.replace('_', ' ')}"
-                           + (f" ({record.note})" if record.note else ""), markup=False, highlight=False)
+                           + (f" ({record.note})" if record.note else ""), markup=False, highlight=False,
+                           emoji=False)
         self._refresh()
 
     def run_finished(self, journal: RunJournal) -> None:

@@ -284,8 +284,7 @@ def replace_host_key(target: SshTarget, key: paramiko.PKey, note: str) -> list[s
     was trusted before and when it changed; ssh and paramiko skip comment lines. The file is rewritten
     atomically with its mode kept: a half-written known_hosts would lock every run out.
     """
-    import os
-    import tempfile
+    from provisioner.state import write_text_atomic
 
     path = target.known_hosts
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
@@ -294,16 +293,7 @@ def replace_host_key(target: SshTarget, key: paramiko.PKey, note: str) -> list[s
     kept = [f"# {note}: {ln.strip()}" if _line_is_for(ln, names) else ln for ln in lines]
     kept.append(known_hosts_line(target, key))
     mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write("\n".join(kept) + "\n")
-        os.chmod(tmp, mode)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+    write_text_atomic(path, "\n".join(kept) + "\n", mode=mode)
     return old
 
 

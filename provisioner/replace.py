@@ -55,6 +55,7 @@ from provisioner.state import (
     last_run,
     record_hardware,
     record_host_key,
+    run_lock,
     utcnow,
 )
 
@@ -438,7 +439,17 @@ def replace_node(
     if node not in names:
         raise UsageError(f"{node} is not a node of {spec}", hint="one of " + ", ".join(names))
     sdir = state_dir or Path(".provision") / cluster.name
-    sdir.mkdir(parents=True, exist_ok=True)
+    with run_lock(sdir, command=f"provision replace-node {node}"):  # its runs take the same lock (re-entrant)
+        return _replace_node(spec, node, cluster, sdir, overlay=overlay, accept_new_host_key=accept_new_host_key,
+                             expected=expected, peers=peers, progress=progress, reporter=reporter, run=run,
+                             remote_factory=remote_factory, verifier=verifier)
+
+
+def _replace_node(
+    spec: Path, node: str, cluster: Cluster, sdir: Path, *, overlay: Path | None, accept_new_host_key: bool,
+    expected: str | None, peers: int, progress: Progress, reporter: Reporter | None, run: Callable[..., RunJournal],
+    remote_factory: Callable[[Mapping[str, SshTarget]], Remote] | None, verifier: Callable[..., VerifyReport],
+) -> ReplaceResult:
     targets = targets_from_cluster(cluster)
     result = ReplaceResult(node)
 

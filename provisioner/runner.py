@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from provisioner import interrupt
 from provisioner.errors import ProvisionerError, UsageError
 
 REDACTED = "********"
@@ -476,12 +477,25 @@ def run_playbook(
         kwargs["cmdline"] = cmdline
     if timeout:
         kwargs["timeout"] = timeout
-    try:
-        r = ansible_runner.run(**kwargs)
-    except Exception as exc:  # runner raises its own ConfigurationError/CallbackError and OSErrors
-        raise RunnerError(f"ansible-runner could not run {playbook.name}: {exc}") from exc
-    artifact_dir = Path(r.config.artifact_dir)
-    scrub_artifacts(artifact_dir, frozen)
+    # Our own cancel callback: without one, ansible-runner installs SIGINT/SIGTERM handlers of its own and
+    # leaves them behind, which swallowed every later Ctrl-C (provisioner.interrupt). Checked each second.
+    kwargs["cancel_callback"] = interrupt.cancel_requested
+    kwargs["settings"]["pexpect_timeout"] = 1
+    expected_artifacts = pdd / "artifacts" / ident
+
+    def scrub_now(_signum: int) -> None:  # a second Ctrl-C exits at once: no secret may stay behind
+        scrub_artifacts(expected_artifacts, frozen)
+
+    with interrupt.interruptible(), interrupt.on_abort(scrub_now), interrupt.child_running():
+        try:
+            r = ansible_runner.run(**kwargs)
+        except Exception as exc:  # runner raises its own ConfigurationError/CallbackError and OSErrors
+            raise RunnerError(f"ansible-runner could not run {playbook.name}: {exc}") from exc
+        artifact_dir = Path(r.config.artifact_dir)
+        scrub_artifacts(artifact_dir, frozen)
+        if interrupt.requested() is not None:  # interrupted while it ran: ansible-playbook was stopped
+            interrupt.kill_run_processes(pdd)  # and nothing it started (a worker's module process) lives on
+            interrupt.check()
     error = None
     if not tally.saw_stats and r.status != "successful":
         error = _tail(artifact_dir / "stdout") or f"ansible-playbook ended {r.status} (rc {r.rc})"

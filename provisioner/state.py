@@ -5,26 +5,42 @@ Layout under the state dir (`.provision/<cluster>/`):
     runs/<run-id>/journal.json   one per run, rewritten after every phase (a crash leaves the last phase done)
     runs/<run-id>/<phase>/       ansible-runner's private data dir for that phase (artifacts/<phase>/...)
     hardware.json                per node the port GUIDs and serials seen, with old -> new records
+    run.lock                     held (flock) by the one run working on this state; names its holder
 
-The journal is the only memory between runs: `--resume` reads the newest one and continues each host from
-the first phase it has not completed. Run ids sort by time, so "newest" is the last name in sorted order.
+The journal is the only memory between runs: `--resume` reads the newest one (never a --check run's) and
+continues each host from the first phase it has not completed. Run ids sort by time, so "newest" is the last
+name in sorted order. A journal still `running` whose run does not hold the lock belongs to a run that died
+(killed, crashed, machine down): it is shown as `dead`, and the next run closes it so.
+
+Every file here is written atomically and durably (unique temp name, fsync, rename, fsync of the directory):
+after a crash or power loss a reader sees the old or the new file, never half of one or none.
 """
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import json
 import os
 import secrets as _secrets
+import socket
 import tempfile
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired
+
+from pydantic import TypeAdapter, ValidationError
+from typing_extensions import TypedDict  # pydantic needs this one on Python < 3.12
 
 from provisioner.errors import UsageError
 
 JOURNAL = "journal.json"
 HARDWARE = "hardware.json"
+LOCK = "run.lock"
 SCHEMA = 1
 
 
@@ -38,14 +54,52 @@ def new_run_id(now: datetime | None = None) -> str:
     return f"{when}-{_secrets.token_hex(3)}"
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Write JSON through a temp file and rename, so a reader never sees half a journal."""
+def fsync_dir(directory: Path) -> None:
+    """Make a rename or a new entry in `directory` durable."""
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:
+    """Write `text` to `path` so that a reader (or a crash) sees the old file or the new one, never half.
+
+    A uniquely named temp file in the same directory (two writers never share one), fsync'd before the
+    rename, and the directory fsync'd after it (else the rename itself can be lost on power failure)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tmp-")
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        json.dump(data, fh, indent=2, sort_keys=True)
-        fh.write("\n")
-    os.replace(tmp, path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(path.parent)
+
+
+def symlink_atomic(target: str, link: Path) -> None:
+    """Point `link` at `target` in one rename (a uniquely named temp link), durably."""
+    tmp = link.with_name(f".{link.name}.{_secrets.token_hex(6)}.tmp")
+    os.symlink(target, tmp)
+    try:
+        os.replace(tmp, link)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    fsync_dir(link.parent)
+
+
+def write_json_atomic(path: Path, data: Any, *, mode: int = 0o600) -> None:
+    """JSON through :func:`write_text_atomic` (journals and records stay private to the operator)."""
+    write_text_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n", mode=mode)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -90,16 +144,28 @@ class RunJournal:
     resumed_from: str | None = None
     phases: list[PhaseRecord] = field(default_factory=list)
     schema: int = SCHEMA
+    pid: int | None = None     # the process that ran it, on `host` (so `status` can tell a dead run)
+    host: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> RunJournal:
-        d = dict(data)
-        d["hosts"] = {h: HostProgress(**hp) for h, hp in (d.get("hosts") or {}).items()}
-        d["phases"] = [PhaseRecord(**p) for p in d.get("phases") or []]
-        return cls(**d)
+    def from_json(cls, data: Any) -> RunJournal:
+        """The journal in `data`; ValueError (one line: the first field that is wrong) for anything else."""
+        if not isinstance(data, dict):
+            raise ValueError(f"expected a JSON object, found {type(data).__name__}")
+        try:
+            return _JOURNAL.validate_python(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "(top)"
+            raise ValueError(f"{where}: {first['msg']}") from None
+
+    @property
+    def check_run(self) -> bool:
+        """A --check run: it changed nothing, so nothing may continue from it."""
+        return bool(self.options.get("check"))
 
     def phase(self, name: str) -> PhaseRecord | None:
         for p in self.phases:
@@ -130,12 +196,16 @@ def save_journal(state_dir: Path, journal: RunJournal) -> Path:
     return path
 
 
+_JOURNAL: TypeAdapter[RunJournal] = TypeAdapter(RunJournal)
+
+
 def load_journal(path: Path) -> RunJournal:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         return RunJournal.from_json(data)
-    except (OSError, ValueError, TypeError) as exc:
-        raise UsageError(f"{path}: not a readable run journal ({exc})",
+    except (OSError, ValueError, TypeError, RecursionError) as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise UsageError(f"{path}: not a readable run journal ({why})",
                          hint="remove that run directory or run without --resume") from None
 
 
@@ -150,6 +220,133 @@ def list_runs(state_dir: Path) -> list[RunJournal]:
 def last_run(state_dir: Path) -> RunJournal | None:
     runs = list_runs(state_dir)
     return runs[-1] if runs else None
+
+
+def resumable_run(state_dir: Path) -> RunJournal | None:
+    """The run `--resume` continues: the newest one that was not a --check run (a dry run completes nothing,
+    and its hosts' progress says nothing about the cluster)."""
+    runs = [j for j in list_runs(state_dir) if not j.check_run]
+    return runs[-1] if runs else None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# one run per state dir
+
+_HELD: dict[str, RunLock] = {}
+
+
+@dataclass
+class RunLock:
+    """An exclusive flock on ``<state>/run.lock`` held for the life of a run (the kernel drops it when the
+    process dies, however it dies). Re-entrant within a process: replace-node runs several runs in one lock."""
+
+    path: Path
+    fd: int
+    depth: int = 1
+
+    def release(self) -> None:
+        self.depth -= 1
+        if self.depth == 0:
+            _HELD.pop(str(self.path), None)
+            os.close(self.fd)  # closing the only descriptor releases the flock
+
+
+def _read_holder(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def acquire_run_lock(state_dir: Path, *, run_id: str | None = None, command: str = "provision") -> RunLock:
+    """Hold the state dir's run lock, or raise UsageError naming the run that holds it."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = (state_dir / LOCK).resolve()
+    held = _HELD.get(str(path))
+    if held is not None:
+        held.depth += 1
+        return held
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    # a moment's patience: `provision status` probes the lock with a shared lock for a few microseconds
+    deadline = time.monotonic() + 0.5
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            break
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() > deadline:
+                holder = _read_holder(path)
+                os.close(fd)
+                who = (f"pid {holder.get('pid')} on {holder.get('host')}, run {holder.get('run_id') or '-'}, "
+                       f"started {holder.get('started')}" if holder else "another process")
+                raise UsageError(f"another provision run is working on {state_dir} ({who})",
+                                 hint="wait for it to end; one run per cluster state at a time") from None
+            time.sleep(0.02)
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id, "started": utcnow(),
+            "command": command}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
+    lock = RunLock(path, fd)
+    _HELD[str(path)] = lock
+    return lock
+
+
+@contextlib.contextmanager
+def run_lock(state_dir: Path, *, run_id: str | None = None, command: str = "provision") -> Iterator[RunLock]:
+    lock = acquire_run_lock(state_dir, run_id=run_id, command=command)
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
+def lock_holder(state_dir: Path) -> dict[str, Any] | None:
+    """Who holds the run lock now (its pid, host, run id), or None when no run is working on this state."""
+    path = state_dir / LOCK
+    held = _HELD.get(str(path.resolve())) if path.exists() else None
+    if held is not None:
+        return _read_holder(path)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return _read_holder(path) or {"pid": None}
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return None
+    finally:
+        os.close(fd)
+
+
+def run_is_alive(state_dir: Path, journal: RunJournal, holder: dict[str, Any] | None = None) -> bool:
+    """Whether the run that wrote `journal` is still going: it says running and it holds the lock."""
+    if journal.status != "running":
+        return False
+    holder = lock_holder(state_dir) if holder is None else holder
+    return holder is not None and bool(holder) and holder.get("run_id") in (None, journal.run_id)
+
+
+def close_dead_runs(state_dir: Path, *, found_by: str) -> list[str]:
+    """Mark every journal left `running` by a run that is gone as `dead` (its open phase `interrupted`).
+
+    Call only while holding the run lock (then no other run is alive). Returns the run ids closed."""
+    closed = []
+    for j in list_runs(state_dir):
+        if j.status != "running" or j.run_id == found_by:
+            continue
+        j.status = "dead"
+        j.stop_reason = (f"the run ended without closing its journal (killed, crashed or its machine went "
+                         f"down); found by run {found_by}")
+        for rec in j.phases:
+            if rec.status == "pending":
+                rec.status, rec.note = "interrupted", "the run died during this phase"
+        save_journal(state_dir, j)
+        closed.append(j.run_id)
+    return closed
 
 
 @dataclass(frozen=True)
@@ -167,13 +364,19 @@ class StatusRow:
 
 
 def status_rows(state_dir: Path, last: int = 10) -> list[StatusRow]:
-    """The newest `last` runs, newest first, ready to print as a table or JSON."""
+    """The newest `last` runs, newest first, ready to print as a table or JSON.
+
+    A journal still `running` whose run no longer holds the lock is shown `dead` (read only: the next run
+    closes it in the file)."""
     rows: list[StatusRow] = []
+    holder = lock_holder(state_dir)
     for j in reversed(list_runs(state_dir)[-last:] if last > 0 else list_runs(state_dir)):
         aside = ", ".join(f"{h} ({sa.get('state')} at {sa.get('phase')})" for h, sa in sorted(j.set_aside.items()))
-        rows.append(StatusRow(j.run_id, j.started, j.ended, j.status,
-                              " ".join(f"{p.name}:{p.status}" for p in j.phases), len(j.hosts), aside,
-                              j.stop_reason))
+        status, reason = j.status, j.stop_reason
+        if status == "running" and not run_is_alive(state_dir, j, holder or {}):
+            status, reason = "dead", reason or "the run ended without closing its journal (killed or crashed)"
+        rows.append(StatusRow(j.run_id, j.started, j.ended, status,
+                              " ".join(f"{p.name}:{p.status}" for p in j.phases), len(j.hosts), aside, reason))
     return rows
 
 
@@ -205,16 +408,71 @@ def diff_hardware(node: str, old: dict[str, dict[str, str]], new: dict[str, dict
     return changes
 
 
+class _HwCurrent(TypedDict):
+    guids: NotRequired[dict[str, str]]
+    serials: NotRequired[dict[str, str]]
+    host_key: NotRequired[dict[str, str]]
+
+
+class _HwChange(TypedDict):
+    when: str
+    kind: str
+    key: str
+    old: str | None
+    new: str | None
+
+
+class _HwNode(TypedDict):
+    first_seen: NotRequired[str]
+    last_seen: NotRequired[str]
+    current: NotRequired[_HwCurrent]
+    history: NotRequired[list[_HwChange]]
+
+
+class _HwFile(TypedDict):
+    schema: NotRequired[int]
+    nodes: NotRequired[dict[str, _HwNode]]
+
+
+_HARDWARE: TypeAdapter[_HwFile] = TypeAdapter(_HwFile)
+
+
 def load_hardware(state_dir: Path) -> dict[str, Any]:
+    """hardware.json as data; UsageError (one line) when it is not readable or not the expected shape."""
     path = state_dir / HARDWARE
     if not path.is_file():
         return {"schema": SCHEMA, "nodes": {}}
     try:
-        data: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{path}: not readable hardware history ({exc})") from None
-    data.setdefault("nodes", {})
-    return data
+        data = json.loads(path.read_text(encoding="utf-8"))
+        _HARDWARE.validate_python(data, strict=True)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "(top)"
+        raise UsageError(f"{path}: not readable hardware history ({where}: {first['msg']})",
+                         hint="restore it from a backup or move it aside (the history starts again)") from None
+    except (OSError, ValueError, RecursionError) as exc:
+        why = " ".join(str(exc).split())[:200]
+        raise UsageError(f"{path}: not readable hardware history ({why})",
+                         hint="restore it from a backup or move it aside (the history starts again)") from None
+    out: dict[str, Any] = data
+    out.setdefault("nodes", {})
+    for entry in out["nodes"].values():
+        entry.setdefault("current", {}).setdefault("guids", {})
+        entry["current"].setdefault("serials", {})
+        entry.setdefault("history", [])
+    return out
+
+
+@contextlib.contextmanager
+def _hardware_lock(state_dir: Path) -> Iterator[None]:
+    """Serialise read-modify-write of hardware.json between processes (two writers lost entries before)."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    fd = os.open(state_dir / (HARDWARE + ".lock"), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 def record_hardware(state_dir: Path, node: str, *, guids: dict[str, str], serials: dict[str, str] | None = None,
@@ -224,17 +482,18 @@ def record_hardware(state_dir: Path, node: str, *, guids: dict[str, str], serial
     The history keeps every change forever; `current` is the merge of everything seen, newest wins.
     """
     when = when or utcnow()
-    data = load_hardware(state_dir)
-    entry = data["nodes"].setdefault(node, {"first_seen": when, "current": {"guids": {}, "serials": {}},
-                                            "history": []})
-    observed = {"guids": dict(guids), "serials": dict(serials or {})}
-    changes = diff_hardware(node, entry["current"], observed, when)
-    for section in ("guids", "serials"):
-        entry["current"].setdefault(section, {}).update(observed[section])
-    entry["last_seen"] = when
-    entry["history"].extend({"when": c.when, "kind": c.kind, "key": c.key, "old": c.old, "new": c.new}
-                            for c in changes)
-    write_json_atomic(state_dir / HARDWARE, data)
+    with _hardware_lock(state_dir):
+        data = load_hardware(state_dir)
+        entry = data["nodes"].setdefault(node, {"first_seen": when, "current": {"guids": {}, "serials": {}},
+                                                "history": []})
+        observed = {"guids": dict(guids), "serials": dict(serials or {})}
+        changes = diff_hardware(node, entry["current"], observed, when)
+        for section in ("guids", "serials"):
+            entry["current"].setdefault(section, {}).update(observed[section])
+        entry["last_seen"] = when
+        entry["history"].extend({"when": c.when, "kind": c.kind, "key": c.key, "old": c.old, "new": c.new}
+                                for c in changes)
+        write_json_atomic(state_dir / HARDWARE, data)
     return changes
 
 
@@ -246,14 +505,15 @@ def record_host_key(state_dir: Path, node: str, *, old: list[str], new: str, key
     trusted before and when that changed, for whoever later wonders why a fingerprint differs.
     """
     when = when or utcnow()
-    data = load_hardware(state_dir)
-    entry = data["nodes"].setdefault(node, {"first_seen": when, "current": {"guids": {}, "serials": {}},
-                                            "history": []})
-    change = HardwareChange(node, "host_key", key_type, ", ".join(old) or None, new, when)
-    entry.setdefault("current", {}).setdefault("host_key", {})[key_type] = new
-    entry["history"].append({"when": when, "kind": change.kind, "key": change.key, "old": change.old,
-                             "new": change.new})
-    write_json_atomic(state_dir / HARDWARE, data)
+    with _hardware_lock(state_dir):
+        data = load_hardware(state_dir)
+        entry = data["nodes"].setdefault(node, {"first_seen": when, "current": {"guids": {}, "serials": {}},
+                                                "history": []})
+        change = HardwareChange(node, "host_key", key_type, ", ".join(old) or None, new, when)
+        entry.setdefault("current", {}).setdefault("host_key", {})[key_type] = new
+        entry["history"].append({"when": when, "kind": change.kind, "key": change.key, "old": change.old,
+                                 "new": change.new})
+        write_json_atomic(state_dir / HARDWARE, data)
     return change
 
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,6 +48,7 @@ from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluster
 from provisioner.report import VerifyReport, fabric_picture, to_html, to_json, to_junit
 from provisioner.spec.cluster import Cluster, Node
+from provisioner.state import symlink_atomic, write_text_atomic
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
@@ -475,17 +475,11 @@ class _Verifier:
 
 def write_reports(report: VerifyReport, directory: Path, inventory: Mapping[str, Mapping[str, str]]) -> None:
     """report.json, junit.xml, report.html and inventory.json under ``directory``; ``latest`` points at it."""
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / "report.json").write_text(to_json(report), encoding="utf-8")
-    (directory / "junit.xml").write_text(to_junit(report), encoding="utf-8")
-    (directory / "report.html").write_text(to_html(report), encoding="utf-8")
-    (directory / "inventory.json").write_text(json.dumps(inventory, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    latest = directory.parent / "latest"
-    tmp = directory.parent / ".latest.tmp"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(directory.name, tmp)
-    os.replace(tmp, latest)
+    write_text_atomic(directory / "report.json", to_json(report))
+    write_text_atomic(directory / "junit.xml", to_junit(report))
+    write_text_atomic(directory / "report.html", to_html(report))
+    write_text_atomic(directory / "inventory.json", json.dumps(inventory, indent=2, sort_keys=True) + "\n")
+    symlink_atomic(directory.name, directory.parent / "latest")
 
 
 def verify(

@@ -9,10 +9,12 @@ because both come from provisioner.render.build_inventory.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ansible.errors import AnsibleParserError
 from ansible.plugins.inventory import BaseInventoryPlugin
+from ansible.utils.unsafe_proxy import wrap_var
 
 DOCUMENTATION = r"""
 name: provisioner_spec
@@ -28,10 +30,13 @@ options: {}
 
 class InventoryModule(BaseInventoryPlugin):  # type: ignore[misc]
     NAME = "provisioner_spec"
+    # Every value comes from the spec (site data): never a template. Plain values of an inventory plugin are
+    # untrusted in ansible-core 2.19, and wrap_var below marks them unsafe explicitly as well.
+    trusted_by_default = False
 
     def verify_file(self, path: str) -> bool:
-        if not super().verify_file(path) or not path.endswith((".yaml", ".yml")):
-            return False
+        if not super().verify_file(path) or not path.endswith((".yaml", ".yml")) or not os.path.isfile(path):
+            return False  # a FIFO or device named *.yaml must not hang the inventory load
         try:
             with open(path, encoding="utf-8") as fh:
                 head = fh.read(65536)
@@ -43,11 +48,15 @@ class InventoryModule(BaseInventoryPlugin):  # type: ignore[misc]
     def parse(self, inventory: Any, loader: Any, path: str, cache: bool = True) -> None:
         super().parse(inventory, loader, path, cache)
         try:
+            from provisioner.errors import ProvisionerError
             from provisioner.render.model import build_inventory
             from provisioner.spec import load_spec
         except ImportError as exc:  # pragma: no cover - provisioner must be installed next to ansible
             raise AnsibleParserError(f"provisioner is not importable from this Python: {exc}") from exc
-        res = load_spec(path)
+        try:
+            res = load_spec(path)
+        except ProvisionerError as exc:
+            raise AnsibleParserError(str(exc)) from None
         if res.errors or res.cluster is None:
             raise AnsibleParserError("\n".join(d.format() for d in res.errors))
         inv = build_inventory(res.cluster)
@@ -61,7 +70,7 @@ class InventoryModule(BaseInventoryPlugin):  # type: ignore[misc]
             if group != "all":
                 self.inventory.add_group(group)
             for key, value in gvars.items():
-                self.inventory.set_variable(group, key, value)
+                self.inventory.set_variable(group, key, wrap_var(value))
         for host, hv in inv.hostvars.items():
             for key, value in hv.items():
-                self.inventory.set_variable(host, key, value)
+                self.inventory.set_variable(host, key, wrap_var(value))

@@ -54,10 +54,9 @@ def store_if_first(path: Path, baseline: Mapping[str, Any], passed: bool) -> boo
     """Write the baseline when none exists and the run passed; True when written."""
     if path.exists() or not passed:
         return False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(baseline, indent=2, sort_keys=True) + "\n", encoding="utf-8")
-    tmp.replace(path)
+    from provisioner.state import write_text_atomic
+
+    write_text_atomic(path, json.dumps(baseline, indent=2, sort_keys=True) + "\n")
     return True
 
 

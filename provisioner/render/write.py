@@ -6,7 +6,6 @@ import difflib
 import json
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import yaml
 from provisioner.gcpause import without_gc
 from provisioner.render.model import Inventory, build_inventory
 from provisioner.spec.cluster import Cluster
+from provisioner.state import fsync_dir, write_text_atomic
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("provisioner.render", "templates"),
@@ -25,21 +25,36 @@ _ENV = jinja2.Environment(
 )
 
 
+class _Unsafe(str):
+    """A string value of the inventory: written with Ansible's `!unsafe` tag, so Ansible never templates it.
+
+    Every string in the inventory comes from the spec or an overlay (or is the tool's own constant): site data
+    must never become code, and a `{{ lookup('pipe', ...) }}` in it would otherwise run on the control node."""
+
+    __slots__ = ()
+
+
 # libyaml's emitter when present (a 4,096-node render is dominated by YAML emission), else PyYAML's own;
 # both give the same text for the plain data rendered here.
-_Dumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+class _Dumper(getattr(yaml, "CSafeDumper", yaml.SafeDumper)):  # type: ignore[misc]
+    pass
+
+
+_Dumper.add_representer(_Unsafe, lambda dumper, value: dumper.represent_scalar("!unsafe", str(value)))
 
 
 _PLAIN_IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
-"""A dotted quad, which YAML writes plain (no resolver reads it as a number), as the golden files show."""
+"""A dotted quad, which YAML writes plain after its tag (no resolver reads it as a number), as the golden files show."""
 
 
 def _plain(data: Any) -> Any:
-    """Copies without shared sub-objects, so no emitter writes anchors and aliases."""
+    """Copies without shared sub-objects (so no emitter writes anchors and aliases), strings marked unsafe."""
     if isinstance(data, dict):
         return {k: _plain(v) for k, v in data.items()}
-    if isinstance(data, list):
+    if isinstance(data, list | tuple):
         return [_plain(v) for v in data]
+    if isinstance(data, str):
+        return _Unsafe(data)
     return data
 
 
@@ -72,9 +87,9 @@ def render_files(cluster: Cluster, inv: Inventory | None = None) -> dict[str, st
         key = json.dumps(rest, sort_keys=True, default=str)
         if key not in rests:
             rests[key] = _dump(header, rest)
-        address = (f"ansible_host: {hv['ansible_host']}\n" if _PLAIN_IPV4.fullmatch(str(hv["ansible_host"])) else
-                   yaml.dump({"ansible_host": hv["ansible_host"]}, Dumper=_Dumper, default_flow_style=False,
-                             allow_unicode=True, width=120))
+        address = (f"ansible_host: !unsafe {hv['ansible_host']}\n" if _PLAIN_IPV4.fullmatch(str(hv["ansible_host"]))
+                   else yaml.dump(_plain({"ansible_host": hv["ansible_host"]}), Dumper=_Dumper,
+                                  default_flow_style=False, allow_unicode=True, width=120))
         head, _, body = rests[key].partition(f"# {header}\n")
         files[f"host_vars/{host}.yml"] = f"{head}# {header}\n{address}{body}"
     return files
@@ -111,15 +126,11 @@ def render_inventory(cluster: Cluster, out_dir: Path | None = None) -> RenderRes
     for rel, content in files.items():
         if old.get(rel) == content:
             continue
-        target = base / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=".tmp-")
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(content)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
+        write_text_atomic(base / rel, content, mode=0o644)
         written.append(rel)
     removed = [rel for rel in old if rel not in files]
     for rel in removed:
         (base / rel).unlink()
+    for parent in {(base / rel).parent for rel in removed}:
+        fsync_dir(parent)
     return RenderResult(base, written, removed, "".join(diff_parts))

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import difflib
+import os
 import re
+import stat
 import types
 import typing
 from dataclasses import dataclass, field, replace
@@ -25,6 +27,7 @@ from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.cluster import CableX, Cluster, Node, Port, SwitchX
 from provisioner.spec.diagnostics import Diagnostic, Severity, fold
 from provisioner.spec.models import Spec
+from provisioner.spec.reserved import ReservedName
 from provisioner.spec.yamlload import Located, Path, load_yaml
 
 MAX_SPEC_BYTES = 16 * 1024 * 1024
@@ -45,21 +48,40 @@ class LoadResult:
 
 
 class _Report:
-    """Collects diagnostics against one located document."""
+    """Collects diagnostics against one located document (and the overlay merged onto it, if any).
 
-    def __init__(self, located: Located | None, file: str) -> None:
+    A path given by the overlay is reported at the overlay's file:line, everything else at the spec's."""
+
+    def __init__(self, located: Located | None, file: str, overlay: Located | None = None) -> None:
         self.located = located
         self.file = file
+        self.overlay = overlay
         self.items: list[Diagnostic] = []
+
+    def where(self, path: Path, *, key: bool = False) -> tuple[str, int, int]:
+        if self.overlay is not None and _depth(self.overlay, path, key) >= max(1, _depth(self.located, path, key)):
+            m = self.overlay.mark(path, key=key)
+            return self.overlay.file, m.line, m.col
+        if self.located is None:
+            return self.file, 1, 1
+        m = self.located.mark(path, key=key)
+        return self.file, m.line, m.col
 
     def add(self, path: Path, rule: str, message: str, hint: str = "", *,
             severity: Severity = "error", key: bool = False) -> None:
-        if self.located is None:
-            line, col = 1, 1
-        else:
-            m = self.located.mark(path, key=key)
-            line, col = m.line, m.col
-        self.items.append(Diagnostic(self.file, line, col, rule, severity, message, hint))
+        file, line, col = self.where(path, key=key)
+        self.items.append(Diagnostic(file, line, col, rule, severity, message, hint))
+
+
+def _depth(located: Located | None, path: Path, key: bool) -> int:
+    """How much of `path` the document itself holds (the longest prefix it has a position for)."""
+    if located is None:
+        return 0
+    for n in range(len(path), 0, -1):
+        p = tuple(path[:n])
+        if p in located.marks or (key and p in located.key_marks):
+            return n
+    return 0
 
 
 def rate_gbps(value: int | str) -> float:
@@ -98,12 +120,35 @@ def _model_at(loc: tuple[Any, ...]) -> type[BaseModel] | None:
     return current
 
 
-def _schema_diagnostics(exc: ValidationError, rep: _Report) -> None:
-    for err in exc.errors():
+def _union_errors(errors: list[Any]) -> list[Any]:
+    """A string that fails a `bool | int | str` field reports why the string is wrong, not that it is no bool."""
+    def member(err: Any) -> str | None:
+        last = err["loc"][-1] if err["loc"] else None
+        return last if isinstance(last, str) and (last in ("bool", "int", "float") or "str" in last) else None
+
+    def key(err: Any) -> tuple[Any, ...]:
+        return tuple(err["loc"][:-1])
+
+    stringy = {key(e) for e in errors if member(e) and "str" in str(member(e)) and isinstance(e.get("input"), str)}
+    return [e for e in errors if not (member(e) in ("bool", "int", "float") and key(e) in stringy)]
+
+
+def _schema_diagnostics(exc: ValidationError, rep: _Report, data: Any) -> None:
+    for err in _union_errors(list(exc.errors())):
         loc = tuple(p for p in err["loc"] if isinstance(p, str | int))
+        if loc and loc[-1] == "[key]":  # a dict key failed (a site_vars name): point at the key
+            path = tuple(loc[:-1])
+            error = err.get("ctx", {}).get("error")
+            if isinstance(error, ReservedName):
+                rep.add(path, "SPEC-RESERVED-VAR", str(error),
+                        "site_vars set role tunables only; connection settings come from the spec's ssh:", key=True)
+            else:
+                msg = str(err["msg"]).removeprefix("Value error, ")
+                rep.add(path, "SPEC-SCHEMA", f"key '{path[-1]}': {msg}", "", key=True)
+            continue
         # pydantic adds union member names (e.g. 'int', "literal['SDR',...]") to loc; drop what the data lacks
         data_loc: list[str | int] = []
-        node: Any = rep.located.data if rep.located else None
+        node: Any = data
         for part in loc:
             in_dict = isinstance(node, dict) and part in node
             in_list = isinstance(node, list) and isinstance(part, int) and 0 <= part < len(node)
@@ -385,7 +430,7 @@ def _netdevs(expr: str | None, count: int, path: Path, rep: _Report) -> list[str
 
 
 def _line(rep: _Report, path: Path) -> int:
-    return rep.located.mark(path).line if rep.located else 0
+    return rep.where(path)[1]
 
 
 _HOSTNAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -413,25 +458,50 @@ def _deep_merge(base: Any, over: Any) -> Any:
 
 # --- entry points ----------------------------------------------------------------------------------------------
 def read_spec_text(path: str | FsPath) -> str:
+    """The text of a spec or overlay file: a regular file of at most MAX_SPEC_BYTES, UTF-8.
+
+    The type and size are checked on the open file before anything is read, so a FIFO, a device such as
+    /dev/zero or a huge file is refused at once instead of hanging the run or filling memory."""
     p = FsPath(path)
-    if not p.exists():
-        raise UsageError(f"{p}: no such file", hint="give the path of your cluster.yaml")
-    if p.is_dir():
-        raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml")
-    data = p.read_bytes()
+    try:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
+    except FileNotFoundError:
+        raise UsageError(f"{p}: no such file", hint="give the path of your cluster.yaml") from None
+    except IsADirectoryError:
+        raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml") from None
+    except OSError as exc:
+        raise UsageError(f"{p}: cannot open ({exc.strerror or exc})") from None
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        if stat.S_ISDIR(st.st_mode):
+            raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml")
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{p}: not a regular file (a pipe or a device)", hint="give the path of a YAML file")
+        if st.st_size > MAX_SPEC_BYTES:
+            raise UsageError(f"{p}: {st.st_size} bytes is too large for a cluster spec (at most {MAX_SPEC_BYTES})")
+        data = fh.read(MAX_SPEC_BYTES + 1)
     if len(data) > MAX_SPEC_BYTES:
-        raise UsageError(f"{p}: {len(data)} bytes is too large for a cluster spec")
+        raise UsageError(f"{p}: more than {MAX_SPEC_BYTES} bytes is too large for a cluster spec")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", hint="save the spec as UTF-8") from None
 
 
+OVERLAY_KEYS = frozenset(Spec.model_fields) | {"addresses"}
+
+
 @without_gc
-def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> LoadResult:
-    """Validate spec `text` (named `file` in diagnostics); never raises for bad content."""
+def load_text(text: str, file: str, overlay: dict[str, Any] | Located | None = None) -> LoadResult:
+    """Validate spec `text` (named `file` in diagnostics); never raises for bad content.
+
+    `overlay` (the lab's, or a site's) is merged onto the spec before validation, so its values are checked
+    like the spec's; given as a Located (load_spec does), its problems name the overlay's file and line.
+    Its `addresses` (node -> management address) must name nodes of the spec and be IPv4 addresses."""
     located, problems = load_yaml(text, file)
-    rep = _Report(located, file)
+    over = overlay if isinstance(overlay, Located) else (
+        Located(data=overlay, file="<overlay>") if overlay is not None else None)
+    rep = _Report(located, file, over)
     for pr in problems:
         rep.items.append(Diagnostic(file, pr.mark.line, pr.mark.col, pr.rule, "error", pr.message, pr.hint))
     if located is None:
@@ -441,32 +511,45 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | None = None) -> Lo
                 "start from one of the files in examples/")
         return LoadResult(None, rep.items)
     data = located.data
-    addresses: dict[str, str] = {}
-    if overlay:
-        addresses = dict(overlay.get("addresses") or {})
-        rest = {k: v for k, v in overlay.items() if k != "addresses"}
+    addresses: dict[str, Any] = {}
+    if over is not None and over.data:
+        if not isinstance(over.data, dict):
+            rep.add((), "SPEC-SCHEMA", "an overlay must be a mapping of spec keys (and addresses:)")
+            return LoadResult(None, _finish(rep.items))
+        raw = over.data.get("addresses") or {}
+        if not isinstance(raw, dict):
+            rep.add(("addresses",), "SPEC-SCHEMA", "addresses: must map node names to IPv4 addresses")
+            raw = {}
+        addresses = dict(raw)
+        for k in over.data:
+            if k not in OVERLAY_KEYS:
+                close = difflib.get_close_matches(str(k), sorted(OVERLAY_KEYS), n=1, cutoff=0.6)
+                rep.add((k,), "SPEC-UNKNOWN-KEY", f"unknown key '{k}' in the overlay",
+                        f"did you mean '{close[0]}'?" if close else "an overlay holds spec keys and addresses:",
+                        key=True)
+        rest = {k: v for k, v in over.data.items() if k != "addresses" and k in OVERLAY_KEYS}
         data = _deep_merge(data, rest)
     try:
         spec = Spec.model_validate(data)
     except ValidationError as exc:
-        _schema_diagnostics(exc, rep)
+        _schema_diagnostics(exc, rep, data)
         repaired = _repair(data, exc)
         if repaired is None:
-            return LoadResult(None, _finished(rep.items))
+            return LoadResult(None, _finish(rep.items))
         # The rest of the spec is still checked (references, duplicates, design rules), so one run reports
         # every problem; the cluster itself is not returned, since part of the spec was set aside.
         spec_ok, kept = repaired
         _expand_and_check(spec_ok, _RemappedReport(rep, kept), addresses)
-        return LoadResult(None, _finished(rep.items))
+        return LoadResult(None, _finish(rep.items))
     cluster = _expand_and_check(spec, rep, addresses)
-    return LoadResult(cluster, _finished(rep.items))
+    return LoadResult(cluster, _finish(rep.items))
 
 
 class _RemappedReport(_Report):
     """Reports against the original document while checking a repaired copy whose lists lost items."""
 
     def __init__(self, inner: _Report, kept: dict[tuple[str | int, ...], list[int]]) -> None:
-        super().__init__(inner.located, inner.file)
+        super().__init__(inner.located, inner.file, inner.overlay)
         self.items = inner.items
         self.kept = kept
 
@@ -481,14 +564,39 @@ class _RemappedReport(_Report):
         super().add(tuple(out), rule, message, hint, severity=severity, key=key)
 
 
-def _expand_and_check(spec: Spec, rep: _Report, addresses: dict[str, str]) -> Cluster:
+def _expand_and_check(spec: Spec, rep: _Report, addresses: dict[str, Any]) -> Cluster:
     cluster = _expand(spec, rep)
     if addresses:
-        cluster.nodes = [replace(n, address=addresses.get(n.name, n.address)) for n in cluster.nodes]
+        cluster.nodes = [replace(n, address=a) if isinstance(a := addresses.get(n.name), str) else n
+                         for n in cluster.nodes]
+        _check_overlay_addresses(cluster, rep, addresses)
     from provisioner.spec.rules import run_rules
 
     run_rules(cluster, rep)
     return cluster
+
+
+def _check_overlay_addresses(cluster: Cluster, rep: _Report, addresses: dict[str, Any]) -> None:
+    """Overlay addresses are checked like the spec's: a known node, a dotted-quad IPv4, no address twice."""
+    known = {n.name for n in cluster.nodes}
+    for name, addr in addresses.items():
+        path: Path = ("addresses", name)
+        if name not in known:
+            close = difflib.get_close_matches(str(name), sorted(known), n=1)
+            rep.add(path, "SPEC-UNDEFINED-NODE", f"the overlay gives an address for '{name}', not a node of the spec",
+                    f"did you mean '{close[0]}'?" if close else "list only the spec's nodes", key=True)
+        elif not isinstance(addr, str) or not _valid_ipv4(addr):
+            rep.add(path, "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
+                    "write a dotted quad such as 10.0.0.11 (addresses reach SSH and the inventory)")
+    by_address: dict[str, list[str]] = {}
+    for n in cluster.nodes:
+        by_address.setdefault(n.address, []).append(n.name)
+    for addr, names in by_address.items():
+        for name in names:
+            if len(names) > 1 and name in addresses:
+                others = ", ".join(x for x in names if x != name)
+                rep.add(("addresses", name), "SPEC-DUP-ADDRESS", f"address {addr} of {name} is also {others}'s",
+                        "each node its own address")
 
 
 def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tuple[str | int, ...], list[int]]] | None:
@@ -541,9 +649,12 @@ def _repair(data: dict[str, Any], exc: ValidationError) -> tuple[Spec, dict[tupl
         return None
 
 
-def _finished(items: list[Diagnostic]) -> list[Diagnostic]:
-    """Every diagnostic once, one line per cause (a range's hosts folded), in file order."""
-    return sorted(fold(set(items)), key=_order)
+def _finish(items: list[Diagnostic]) -> list[Diagnostic]:
+    """Every diagnostic once, one line per cause (a range's hosts folded), in file order; a value YAML could not
+    read is reported once (not again as a schema error)."""
+    unread = {(d.file, d.line, d.col) for d in items if d.rule == "YAML-VALUE"}
+    kept = {d for d in items if d.rule.startswith("YAML-") or (d.file, d.line, d.col) not in unread}
+    return sorted(fold(kept), key=_order)
 
 
 def _order(d: Diagnostic) -> tuple[int, int, str, str]:
@@ -553,12 +664,16 @@ def _order(d: Diagnostic) -> tuple[int, int, str, str]:
 def load_spec(path: str | FsPath, overlay: str | FsPath | None = None) -> LoadResult:
     """Read and validate the spec file at `path` (and an optional overlay such as the lab's)."""
     text = read_spec_text(path)
-    over: dict[str, Any] | None = None
+    over: Located | None = None
     if overlay is not None:
         loc, probs = load_yaml(read_spec_text(overlay), str(overlay))
-        if probs or loc is None or not isinstance(loc.data, dict):
-            raise UsageError(f"{overlay}: not a valid overlay file")
-        over = loc.data
+        if probs:
+            return LoadResult(None, _finish([Diagnostic(str(overlay), p.mark.line, p.mark.col, p.rule, "error",
+                                                        p.message, p.hint) for p in probs]))
+        if loc is None or not isinstance(loc.data, dict):
+            return LoadResult(None, [Diagnostic(str(overlay), 1, 1, "SPEC-SCHEMA", "error",
+                                                "an overlay must be a mapping of spec keys (and addresses:)")])
+        over = loc
     return load_text(text, str(path), over)
 
 

@@ -7,9 +7,20 @@ pick, so the common case stays short (see examples/).
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from provisioner.spec.reserved import ReservedName, why_reserved
 
 # --- constrained strings ---------------------------------------------------------------------------------------
 HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
@@ -23,21 +34,39 @@ Cidr = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[
 DeviceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]
 IpoibName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 UnixUser = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
+def _no_parent_dir(value: str) -> str:
+    """A path (or URL, or option) that reaches a node never climbs out of where it says it is."""
+    if re.search(r"(^|[/=])\.\.(/|$)", value):
+        raise ValueError(f"'..' is not allowed in a path that reaches a node: {value!r}")
+    return value
+
+
+NodeSafe = AfterValidator(_no_parent_dir)
 LocalPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/~@+-]+$", max_length=1024)]
-AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024)]
+AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024), NodeSafe]
 Version = Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+~-]{0,63}$")]
 Url = Annotated[
-    str, StringConstraints(pattern=r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~/%+-]*)?$")
+    str, StringConstraints(pattern=r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~/%+-]*)?$"),
+    NodeSafe,
 ]
 Guid = Annotated[str, StringConstraints(pattern=r"^0x[0-9a-fA-F]{16}$")]
 PciAddr = Annotated[str, StringConstraints(pattern=r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]$")]
-MountOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$")]
-ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$")]
+MountOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$"), NodeSafe]
+ExportOption = Annotated[str, StringConstraints(pattern=r"^[a-z0-9_]+(=[A-Za-z0-9_.:/+-]+)?$"), NodeSafe]
 LnetNet = Annotated[str, StringConstraints(pattern=r"^(o2ib|tcp)[0-9]{0,2}(\([A-Za-z0-9_.-]{1,15}\))?$")]
 Nid = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}@(o2ib|tcp)[0-9]{0,2}$")]
 FsName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,8}$")]
-SiteVarName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$")]
-SiteVarValue = bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/=,+-]{0,256}$")]
+
+
+def _not_reserved(name: str) -> str:
+    why = why_reserved(name)
+    if why is not None:
+        raise ReservedName(f"site_vars may not set '{name}': {why}")
+    return name
+
+
+SiteVarName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_]{0,63}$"), AfterValidator(_not_reserved)]
+SiteVarValue = bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:/=,+-]{0,256}$"), NodeSafe]
 ClientSpec = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9*.\[\],/_-]{1,256}$")]
 
 Role = Literal["compute", "login", "subnet_manager", "nfs_server", "storage", "management"]
@@ -439,5 +468,6 @@ class Spec(Strict):
                                 "rolling changes and failover drain and resume nodes through it.")
     spares: Spares | None = Field(None, description="Spare nodes and the failover time budget.")
     site_vars: dict[SiteVarName, SiteVarValue] = Field(
-        default_factory=dict, description="Site overrides of role variables (e.g. preflight_gpu_evidence), "
-        "rendered into group_vars/all; names and string values are pattern-checked.")
+        default_factory=dict, description="Site overrides of role tunables (e.g. preflight_gpu_evidence), "
+        "rendered into group_vars/all as data (!unsafe); names and string values are pattern-checked, and "
+        "ansible_*, provisioner_*, Ansible keywords and every variable the tool renders are refused.")

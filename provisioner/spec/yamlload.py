@@ -3,6 +3,10 @@
 The spec is plain YAML, but every error we print must name the file, line and column, and duplicate keys
 (silently merged by PyYAML) must be errors. We compose the node graph ourselves and build plain Python data
 alongside a map from the data path (a tuple of keys and list indexes) to the source position.
+
+A spec is input from people and scripts, so reading it is bounded: nesting depth (the composer recurses),
+the number of values built, how much an alias may expand (a few hundred bytes of nested aliases would
+otherwise build gigabytes), and the digits of a number. Each limit is a located problem, never an exception.
 """
 
 from __future__ import annotations
@@ -57,6 +61,24 @@ class YamlProblem:
     hint: str
 
 
+MAX_DEPTH = 64
+"""Nesting levels of collections; a real spec needs fewer than ten."""
+MAX_VALUES = 500_000
+"""Values (scalars and collections) built from one document, aliases expanded."""
+MAX_ALIAS_USES = 10_000
+MAX_ALIAS_VALUES = 100_000
+"""Values built through aliases, all together: what keeps an alias bomb to a few milliseconds."""
+MAX_SCALAR_CHARS = 32 * 1024 * 1024
+"""Characters of all scalars built, aliases expanded (a 16 MiB file read once is half of it)."""
+MAX_NUMBER_CHARS = 40
+"""A number longer than this is no port, size or key (a 64-bit integer has at most 20 digits)."""
+
+
+
+class _TooDeep(yaml.MarkedYAMLError):
+    """The document nests collections deeper than MAX_DEPTH."""
+
+
 # libyaml's parser when present (a 16,384-node spec parses in a fraction of a second instead of seconds); its nodes
 # carry the same marks and its errors are the same MarkedYAMLError/ReaderError classes as PyYAML's own parser.
 _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
@@ -64,6 +86,27 @@ _SafeLoader: Any = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 class _Loader(_SafeLoader):  # type: ignore[misc]
     """SafeLoader whose plain scalars keep YAML 1.2-ish meaning for the spec (no sexagesimal, no yes/no)."""
+
+
+def _check_depth(text: str) -> None:
+    """Raise _TooDeep at the collection that opens level MAX_DEPTH + 1.
+
+    The composers (libyaml's and PyYAML's) recurse once per nesting level, so an unbounded document would
+    exhaust the stack; the parser's events come one at a time, so counting them here is safe at any depth
+    (and about a third of the cost of composing)."""
+    loader = _Loader(text)
+    try:
+        depth = 0
+        while (event := loader.get_event()) is not None:
+            if isinstance(event, yaml.CollectionStartEvent):
+                depth += 1
+                if depth > MAX_DEPTH:
+                    raise _TooDeep(None, None, f"the document nests more than {MAX_DEPTH} levels deep",
+                                   event.start_mark)  # type: ignore[arg-type]
+            elif isinstance(event, yaml.CollectionEndEvent):
+                depth -= 1
+    finally:
+        loader.dispose()
 
 
 # YAML 1.1 reads `on`, `yes`, `no` as booleans and 22:04 as a number; a spec is clearer with only true/false.
@@ -86,21 +129,61 @@ def _mark(node: Node) -> Mark:
     return Mark(node.start_mark.line + 1, node.start_mark.column + 1)
 
 
+def _syntax_problem(exc: yaml.MarkedYAMLError, text: str, open_marks: list[Any]) -> YamlProblem:
+    """A syntax error at the position a person has to look at.
+
+    PyYAML names where it gave up (problem_mark) and, for many errors, where the construct it was reading
+    began (context_mark). An unclosed bracket or quote is only noticed at the end of the file, so there the
+    construct's start is what matters; inside a block mapping the start is the top of the mapping, and the
+    place it gave up is what matters."""
+    problem = exc.problem or "invalid YAML"
+    pm, cm = exc.problem_mark, exc.context_mark
+    hint = "fix the indentation or quoting at this position"
+    if pm is not None and not text[pm.index:].strip():  # the parser reached the end of the file
+        flows = [m for m in open_marks if m is not None and 0 <= m.index < len(text) and text[m.index] in "[{"]
+        if flows:
+            m = flows[-1]
+            return YamlProblem("YAML-SYNTAX", Mark(m.line + 1, m.column + 1),
+                               f"YAML syntax error: '{text[m.index]}' opened here is never closed "
+                               f"(the parser reached the end of the file at line {pm.line + 1})",
+                               f"close it with '{']' if text[m.index] == '[' else '}'}'")
+    if cm is not None and exc.context and not exc.context.startswith("while parsing a block"):
+        where = f" at line {pm.line + 1}" if pm is not None and pm.line != cm.line else ""
+        return YamlProblem("YAML-SYNTAX", Mark(cm.line + 1, cm.column + 1),
+                           f"YAML syntax error {exc.context} starting here: {problem}{where}", hint)
+    m = pm or cm
+    if m is None:
+        return YamlProblem("YAML-SYNTAX", Mark(1, 1), f"YAML syntax error: {problem}", hint)
+    mark = Mark(m.line + 1, m.column + 1)
+    started = (f" ({exc.context.removeprefix('while parsing ')} started at line {cm.line + 1})"
+               if cm is not None and exc.context and m is not cm and cm.line != m.line else "")
+    return YamlProblem("YAML-SYNTAX", mark, f"YAML syntax error: {problem}{started}", hint)
+
+
+class _Limit(Exception):
+    """A bound of reading was exceeded at `path` (a problem is recorded; the data is dropped)."""
+
+    def __init__(self, path: Path, rule: str, message: str, hint: str) -> None:
+        super().__init__(message)
+        self.path, self.rule, self.message, self.hint = path, rule, message, hint
+
+
 def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
     """Parse `text`; return the located data (None when unreadable) and every problem found."""
     problems: list[YamlProblem] = []
+    loader: _Loader | None = None
     try:
+        _check_depth(text)
         loader = _Loader(text)
-        try:
-            root = loader.get_single_node()
-        finally:
-            loader.dispose()
-    except yaml.MarkedYAMLError as exc:
-        m = exc.problem_mark or exc.context_mark
+        root = loader.get_single_node()
+    except _TooDeep as exc:
+        m = exc.problem_mark
         mark = Mark(m.line + 1, m.column + 1) if m else Mark(1, 1)
-        what = exc.problem or exc.context or "invalid YAML"
-        problems.append(YamlProblem("YAML-SYNTAX", mark, f"YAML syntax error: {what}",
-                                    "fix the indentation or quoting at this position"))
+        problems.append(YamlProblem("YAML-DEPTH", mark, exc.problem or "the document nests too deeply",
+                                    "flatten it: a cluster spec needs only a few levels"))
+        return None, problems
+    except yaml.MarkedYAMLError as exc:
+        problems.append(_syntax_problem(exc, text, list(getattr(loader, "marks", None) or [])))
         return None, problems
     except yaml.reader.ReaderError as exc:
         before = text[: exc.position]
@@ -113,6 +196,9 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
         what = " ".join(str(exc).split())
         problems.append(YamlProblem("YAML-SYNTAX", Mark(1, 1), f"YAML error: {what}", "check the file is YAML"))
         return None, problems
+    finally:
+        if loader is not None:
+            loader.dispose()
     if root is None:
         problems.append(YamlProblem("YAML-EMPTY", Mark(1, 1), "the file is empty",
                                     "start from one of the files in examples/"))
@@ -120,18 +206,67 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
 
     located = Located(data=None, file=file)
     constructor = _Loader("")
+    counts = {"values": 0, "alias_uses": 0, "alias_values": 0, "chars": 0}
+    seen: set[int] = set()       # nodes built once: meeting one again is an alias (or merge key) expanding
+    building: set[int] = set()   # nodes on the current path: meeting one of them is a recursive alias
+    alias_depth = 0
+    alias_at: Path = ()          # where the outermost alias being expanded is used (its key is reported)
+
+    def count(node: Node, path: Path) -> None:
+        counts["values"] += 1
+        if alias_depth:
+            counts["alias_values"] += 1
+        if isinstance(node, ScalarNode):
+            counts["chars"] += len(node.value)
+        if counts["values"] > MAX_VALUES:
+            raise _Limit(path, "YAML-SIZE", f"the document holds more than {MAX_VALUES} values",
+                         "a cluster spec is far smaller: use hostlist ranges (gpu[001-128])")
+        hint = "write the values out; a spec needs few aliases"
+        if counts["alias_uses"] > MAX_ALIAS_USES:
+            raise _Limit(alias_at, "YAML-ALIAS", f"more than {MAX_ALIAS_USES} aliases are expanded", hint)
+        if counts["alias_values"] > MAX_ALIAS_VALUES:
+            raise _Limit(alias_at, "YAML-ALIAS", f"aliases expand to more than {MAX_ALIAS_VALUES} values", hint)
+        if counts["chars"] > MAX_SCALAR_CHARS:
+            raise _Limit(alias_at or path, "YAML-ALIAS", f"the values built exceed {MAX_SCALAR_CHARS} characters",
+                         "aliases of long strings expand each time they are used")
 
     def build(node: Node, path: Path) -> Any:
+        nonlocal alias_depth, alias_at
+        if id(node) in building:
+            raise _Limit(path, "YAML-ALIAS", "an alias refers to a collection that contains it",
+                         "a recursive structure cannot be a spec value")
+        reused = id(node) in seen
+        if reused:
+            counts["alias_uses"] += 1
+            if alias_depth == 0:
+                alias_at = path
+            alias_depth += 1
+        seen.add(id(node))
+        building.add(id(node))
+        try:
+            count(node, path)
+            return build_node(node, path)
+        finally:
+            building.discard(id(node))
+            if reused:
+                alias_depth -= 1
+
+    def build_node(node: Node, path: Path) -> Any:
         located.marks[path] = _mark(node)
         if isinstance(node, MappingNode):
-            constructor.flatten_mapping(node)
+            try:
+                constructor.flatten_mapping(node)
+            except yaml.MarkedYAMLError as exc:
+                problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot merge: {exc.problem}",
+                                            "'<<' takes a mapping or a list of mappings"))
+                return {}
             out: dict[str, Any] = {}
             for knode, vnode in node.value:
                 if not isinstance(knode, ScalarNode):
                     problems.append(YamlProblem("YAML-KEY", _mark(knode), "a mapping key must be a plain name",
                                                 "use a string key"))
                     continue
-                key = constructor.construct_object(knode)
+                key = _scalar(knode)
                 if not isinstance(key, str):
                     key = str(key)
                 if key in out:
@@ -146,18 +281,30 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
             return out
         if isinstance(node, SequenceNode):
             return [build(item, (*path, i)) for i, item in enumerate(node.value)]
+        return _scalar(node)
+
+    def _scalar(node: Node) -> Any:
         if node.tag == "tag:yaml.org,2002:str":  # what construct_yaml_str returns, without its call chain
             return node.value
+        if node.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") and len(node.value) > MAX_NUMBER_CHARS:
+            problems.append(YamlProblem("YAML-VALUE", _mark(node),
+                                        f"a number of {len(node.value)} characters is too large",
+                                        "quote it if it is text"))
+            return None
         try:
             return constructor.construct_object(node, deep=True)
-        except yaml.constructor.ConstructorError as exc:
-            problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot read value: {exc.problem}",
+        except Exception as exc:
+            what = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else f"{type(exc).__name__}: {exc}"
+            problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot read value: {what}",
                                         "quote the value"))
             return None
 
     try:
         located.data = build(root, ())
-    except RecursionError:
-        problems.append(YamlProblem("YAML-DEPTH", Mark(1, 1), "the document nests too deeply", "flatten it"))
+    except _Limit as exc:
+        # an alias node carries the anchor's position: name the key that holds the use instead
+        keyed = next((exc.path[:i] for i in range(len(exc.path), 0, -1) if exc.path[:i] in located.key_marks), ())
+        mark = located.key_marks[keyed] if keyed else located.mark(exc.path)
+        problems.append(YamlProblem(exc.rule, mark, exc.message, exc.hint))
         return None, problems
     return located, problems

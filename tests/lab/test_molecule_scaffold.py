@@ -36,8 +36,15 @@ def _labprep() -> ModuleType:
 labprep = _labprep()
 
 
+class _Loader(yaml.SafeLoader):
+    """Reads rendered inventory files too (their strings carry Ansible's !unsafe tag)."""
+
+
+_Loader.add_constructor("!unsafe", lambda loader, node: loader.construct_scalar(node))
+
+
 def _yaml(path: Path) -> Any:
-    return yaml.safe_load(path.read_text(encoding="utf-8"))
+    return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
 
 
 def test_my_scenarios_exist() -> None:

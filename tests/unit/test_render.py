@@ -105,7 +105,8 @@ def test_ansible_reads_the_rendered_inventory(tmp_path: Path) -> None:
     assert isinstance(out, dict), err
     assert sorted(out["compute"]["hosts"]) == [f"gpu0{i}" for i in range(1, 9)]
     assert out["_meta"]["hostvars"]["sm2"]["opensm_priority"] == 14
-    assert out["_meta"]["hostvars"]["gpu01"]["ansible_host"] == "10.10.0.11"
+    # every string is written !unsafe (never templated); ansible-inventory's JSON says so
+    assert out["_meta"]["hostvars"]["gpu01"]["ansible_host"] == {"__ansible_unsafe": "10.10.0.11"}
     assert out["_meta"]["hostvars"]["gpu01"]["preflight_gpu_count"] == 8  # from group_vars/profile_hgx_h100.yml
 
 

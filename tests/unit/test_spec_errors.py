@@ -53,7 +53,9 @@ def test_base_is_clean() -> None:
 def test_yaml_syntax_error_has_position() -> None:
     res = load_text("cluster: {name: t\nnodes: [\n", "c.yaml")
     assert [d.rule for d in res.diagnostics] == ["YAML-SYNTAX"]
-    assert res.diagnostics[0].format().startswith("c.yaml:2:")
+    # the '{' left open on line 1 is the mistake; the parser only notices on line 2 (named in the message)
+    assert res.diagnostics[0].format().startswith("c.yaml:1:10:")
+    assert "at line 2" in res.diagnostics[0].message
 
 
 def test_duplicate_key() -> None:
