@@ -56,10 +56,11 @@ def network_port(net: IpoibNetwork, node: Node) -> Port | None:
 
 
 def select(expr: str, cluster: Cluster) -> list[str]:
-    """Nodes named by a role or a hostlist expression (raises HostlistError)."""
+    """Nodes named by a role or a hostlist expression, in the order written: they pair with the network's
+    addresses item by item (raises HostlistError, also for a list the hostlist library would reorder)."""
     from provisioner.spec.rules import members
 
-    return members(expr, cluster)
+    return members(expr, cluster, ordered=True)
 
 
 def network_members(net: IpoibNetwork, cluster: Cluster) -> list[str]:

@@ -47,6 +47,11 @@ OWNED_VARS = frozenset({
     "preflight_gpu_model", "preflight_hca_devices", "roce_qos_dscp", "roce_qos_ecn", "roce_qos_enabled",
     "roce_qos_mtu", "roce_qos_pfc_priority", "roce_qos_ports", "roce_qos_tos", "roce_qos_trust",
     "vendor_repos_cuda", "vendor_repos_doca", "vendor_repos_offline", "vendor_repos_os",
+    "ipoib_interfaces", "lustre_client_built_against_ofed", "nccl_ib_pkey", "nccl_topo_file",
+    "nfs_client_rdma_packages", "nfs_server_rdma", "nfs_server_rdma_packages", "nvidia_driver_allow_reboot",
+    "opensm_default_partition_ipoib_mtu", "perftest_cuda_enabled", "perftest_cuda_version", "slurm_enabled",
+    "slurm_controller", "slurm_controller_address", "slurm_nodes", "slurm_partitions", "slurm_spares", "slurm_failed",
+    "slurm_gres",
 })
 
 

@@ -52,15 +52,16 @@ def run_rules(cluster: Cluster, rep: Reporter) -> None:
         r.check(cluster, rep, r)
 
 
-def members(expr: str, cluster: Cluster) -> list[str]:
-    """Nodes named by a role name or a hostlist expression (unknown names are kept for the caller to report)."""
+def members(expr: str, cluster: Cluster, *, ordered: bool = False) -> list[str]:
+    """Nodes named by a role name or a hostlist expression (unknown names are kept for the caller to report);
+    ``ordered`` when they pair item by item with another list (see :func:`hostlist.expand`)."""
     roles = {role for n in cluster.nodes for role in n.roles} | {
         "compute", "login", "subnet_manager", "nfs_server", "storage", "management"}
     if expr in roles:
         return [n.name for n in cluster.nodes if expr in n.roles]
     if expr == "all":
         return [n.name for n in cluster.nodes]
-    return hostlist.expand(expr)
+    return hostlist.expand(expr, ordered=ordered)
 
 
 # --- node design -----------------------------------------------------------------------------------------------

@@ -168,6 +168,25 @@ class _Limit(Exception):
         self.path, self.rule, self.message, self.hint = path, rule, message, hint
 
 
+def _explained_syntax_error(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem:
+    """The syntax error as PyYAML's own parser words and places it, with the collections still open there.
+
+    libyaml finds the error first (the fast path); PyYAML's parser then reads the events up to the same error,
+    one at a time (no recursion: the depth pass has already bounded the nesting before it), and keeps the marks
+    of the collections it has open, which name where an unclosed bracket began."""
+    parser = yaml.SafeLoader(text)
+    try:
+        while parser.get_event() is not None:  # type: ignore[no-untyped-call]
+            pass
+    except yaml.MarkedYAMLError as again:
+        return _syntax_problem(again, text, list(getattr(parser, "marks", None) or []))
+    except yaml.YAMLError:
+        pass
+    finally:
+        parser.dispose()
+    return _syntax_problem(exc, text, [])
+
+
 def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
     """Parse `text`; return the located data (None when unreadable) and every problem found."""
     problems: list[YamlProblem] = []
@@ -183,7 +202,7 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
                                     "flatten it: a cluster spec needs only a few levels"))
         return None, problems
     except yaml.MarkedYAMLError as exc:
-        problems.append(_syntax_problem(exc, text, list(getattr(loader, "marks", None) or [])))
+        problems.append(_explained_syntax_error(exc, text))
         return None, problems
     except yaml.reader.ReaderError as exc:
         before = text[: exc.position]

@@ -168,7 +168,7 @@ def test_a_dead_spine_is_one_finding_listing_the_links_it_took() -> None:
 
 
 def test_real_switch_port_counters_are_judged_like_node_ports() -> None:
-    c = cluster_of(LAB_SPEC.replace("leaf[1-2]", "ys23ib4,leaf2").replace("leaf1", "ys23ib4"))
+    c = cluster_of(LAB_SPEC.replace("leaf[1-2]", "leaf2,ys23ib4").replace("leaf1", "ys23ib4"))  # in sorted order
     counts = switchports.read_counters(c, parse("ibqueryerrors", fixture("ibqueryerrors",
                                                                          "linux_rdma_2021_sx6036.txt")))
     assert set(counts) == {("ys23ib4", p) for p in range(1, 9)}  # not "port ALL", not port 0, not the CAs

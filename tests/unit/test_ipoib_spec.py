@@ -162,7 +162,7 @@ def test_ports_must_exist_be_named_and_be_infiniband() -> None:
     unnamed = BASE.replace('netdev: "ibp[23,41]s0"', "rate: NDR")
     assert ("IPOIB-PORT", line_of(unnamed, "- name: rail0"), "error") in diags(unnamed)
     sm_only = BASE.replace("rail: 0\n", "rail: 0\n      nodes: \"gpu[01-03],sm1,gpu01\"\n")
-    assert "SPEC-RANGE-LENGTH" in rules(sm_only)
+    assert "SPEC-HOSTLIST" in rules(sm_only)  # gpu01 twice: the list would not pair with the addresses as written
     bad_netdevs = BASE.replace('netdev: "ibp[23,41]s0"', 'netdev: "ibp23s0"')
     assert ("SPEC-RANGE-LENGTH", line_of(bad_netdevs, 'netdev: "ibp23s0"'), "error") in diags(bad_netdevs)
 
@@ -200,16 +200,16 @@ def test_port_or_rail_exactly_one_and_per_profile_devices() -> None:
     both = BASE.replace("{name: rail1, rail: 1,", "{name: rail1, rail: 1, device: mlx5_1,")
     assert "SPEC-SCHEMA" in rules(both)
     per_profile = BASE.replace("{name: rail1, rail: 1, address: \"10.30.1.[11-13]\"",
-                               "{name: rail1, device: {gpu2: mlx5_1, svc: mlx5_0}, address: \"10.30.1.[11-13,2]\"")
+                               "{name: rail1, device: {gpu2: mlx5_1, svc: mlx5_0}, address: \"10.30.1.[11-14]\"")
     per_profile = per_profile.replace("name: rail0\n      rail: 0\n", "name: rail0\n      rail: 0\n"
-                                      "      nodes: \"gpu[01-03]\"\n").replace('"10.30.0.[11-13,2]"',
+                                      "      nodes: \"gpu[01-03]\"\n").replace('"10.30.0.[11-14]"',
                                                                                   '"10.30.0.[11-13]"')
     per_profile = per_profile.replace("mount: /home, transport: rdma}", "mount: /home, transport: rdma, "
                                       "network: rail1}").replace("clients: 10.30.0.0/24", "clients: 10.30.1.0/24")
     assert diags(per_profile) == []
     cluster = load_text(per_profile, "c.yaml").cluster
     assert cluster is not None
-    assert build_inventory(cluster).hostvars["gpu01"]["nfs_client_mounts"][0]["server"] == "10.30.1.2"
+    assert build_inventory(cluster).hostvars["gpu01"]["nfs_client_mounts"][0]["server"] == "10.30.1.14"
     assert [(i.node, i.netdev) for i in cluster.ipoib if i.network == "rail1"][-1] == ("sm1", "ibp12s0")
     bad_profile = per_profile.replace("svc: mlx5_0}", "svx: mlx5_0}")
     assert "IPOIB-PORT" in rules(bad_profile)

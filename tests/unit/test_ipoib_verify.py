@@ -213,7 +213,7 @@ def test_rdma_mount_over_the_servers_ipoib_address_passes() -> None:
 
 
 def test_rdma_mount_from_another_address_or_over_tcp_fails() -> None:
-    moved = load_text(GDS_SPEC.replace('"192.168.0.[20,10]"', '"192.168.0.[20,12]"'), "c.yaml").cluster
+    moved = load_text(GDS_SPEC.replace('"192.168.0.[10,20]"', '"192.168.0.[12,20]"'), "c.yaml").cluster
     assert moved is not None
     (exp,) = storage.expected_mounts(moved)["client"]
     found = storage.mount_findings("client", [exp], storage.parse_mounts(GDS_MOUNTS))

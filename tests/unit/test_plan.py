@@ -122,7 +122,7 @@ def test_a_node_without_manifest_gets_every_converge_phase(lab: Cluster) -> None
     manifests = fleet(lab)
     del manifests["gpu02"]
     plan = make_plan(lab, manifests, {"gpu02": "unreachable: timed out"}, spec_membership(lab))
-    assert plan.nodes["gpu02"].phases == ["preflight", "repos", "gpu_stack", "ofed", "fabric", "storage", "slurm"]
+    assert plan.nodes["gpu02"].phases == ["preflight", "repos", "ofed", "gpu_stack", "fabric", "storage", "slurm"]
     assert plan.nodes["gpu02"].effects == ["unknown"]
     assert [b.nodes for b in plan.batches] == [["gpu02"]]
     assert "gpu02 (compute): no manifest (unreachable: timed out)" in "\n".join(summary_lines(plan))

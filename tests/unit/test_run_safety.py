@@ -20,7 +20,7 @@ from provisioner.state import list_runs, load_journal, status_rows
 ROOT = Path(__file__).resolve().parents[2]
 LAB = ROOT / "examples" / "lab" / "cluster.yaml"
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1", "sm2"]
-PLAYBOOKS = ["preflight.yml", "repos.yml", "gpu_stack.yml", "ofed.yml", "fabric.yml", "storage.yml"]
+PLAYBOOKS = ["preflight.yml", "repos.yml", "ofed.yml", "gpu_stack.yml", "fabric.yml", "storage.yml", "slurm.yml"]
 
 
 class Runner:
@@ -195,7 +195,7 @@ def test_a_killed_run_is_dead_and_resumes(tmp_path: Path, playbooks: Path) -> No
     r = Runner()
     j = up(tmp_path, playbooks, r, resume=True)
     assert j.resumed_from == killed.run_id and j.status == "passed"
-    assert [c[0] for c in r.calls] == ["ofed.yml", "fabric.yml", "storage.yml"]
+    assert [c[0] for c in r.calls] == ["ofed.yml", "gpu_stack.yml", "fabric.yml", "storage.yml", "slurm.yml"]
     closed = load_journal(tmp_path / "st" / "runs" / killed.run_id / "journal.json")
     assert closed.status == "dead" and j.run_id in (closed.stop_reason or "")
     assert closed.phase("ofed").status == "interrupted"  # type: ignore[union-attr]  # the phase it died in

@@ -33,7 +33,8 @@ def lab(tmp_path: Path) -> Path:
     root = tmp_path / "lab"
     hardware.write_lab_state(str(root), "topo", topo.NODES, topo.SWITCHES, topo.CABLES)
     fromspec.write_switch_links(str(root), topo.UPLINKS)
-    topo._sweep(root, tmp_path)
+    # a static engine (NVIDIA's opensm would route with ar_updn without this line): every flow takes one path
+    topo._sweep(root, tmp_path, "routing_engine updn\n")
     master = json.loads((root / "sm" / "sm.json").read_text())  # the --once SM has exited: keep it "running"
     (root / "sm" / f"{master['guid']}.json").write_text(json.dumps({**master, "heartbeat": time.time()}))
     return root

@@ -162,7 +162,8 @@ def test_ibdev2netdev_parity(hostlab: Path) -> None:
 def test_lsmod_parity(tmp_path: Path) -> None:
     link = tmp_path / "lsmod"
     link.symlink_to(Path(kmod_sim.__file__))
-    labstate.save_modules(str(tmp_path), "gpu01", ["nvidia_peermem", "nvidia", "ib_core", "mlx5_ib", "mlx5_core"])
+    labstate.save_modules(str(tmp_path), "gpu01",
+                          ["nvidia_peermem", "ib_uverbs", "nvidia", "ib_core", "mlx5_ib", "mlx5_core"])
     env = {
         "PROVISIONER_LAB_ROOT": str(tmp_path),
         "PROVISIONER_LAB_HOST": "gpu01",
@@ -171,7 +172,8 @@ def test_lsmod_parity(tmp_path: Path) -> None:
     }
     done = subprocess.run([sys.executable, str(link)], capture_output=True, text=True, env=env, check=True)
     out = parse("lsmod", done.stdout)
-    assert out["complete"] is True and out["modules"]["ib_core"]["used_by"] == ["nvidia_peermem", "mlx5_ib"]
+    assert out["complete"] is True and out["modules"]["ib_core"]["used_by"] == ["ib_uverbs", "mlx5_ib"]
+    assert out["modules"]["ib_uverbs"]["used_by"] == ["nvidia_peermem"]  # OFED's PeerDirect lives in ib_uverbs
     assert_same_fields("lsmod", [out], real_pairs("lsmod"))
 
 

@@ -45,7 +45,7 @@ def test_recursive_alias_is_an_error_not_a_recursion() -> None:
 
 def test_a_few_aliases_still_work() -> None:
     text = H100.read_text().replace("  hgx-h100:\n", "  hgx-h100: &hgx\n").replace(
-        "  mgmt:\n    hcas:\n      - {device: mlx5_0, rate: NDR}\n    management_interface: eno1\n",
+        "  mgmt:\n    hcas:\n      - {device: mlx5_0, rate: NDR, netdev: ibp12s0}\n    management_interface: eno1\n",
         "  mgmt: *hgx\n")
     assert "*hgx" in text
     res = load_text(text, "c.yaml")
