@@ -114,16 +114,32 @@ def cluster_dir(cluster: str) -> Path:
 
 
 def allocate_addresses(hosts: Sequence[str], existing: dict[str, str], used: set[str],
-                       subnet: str = SUBNET) -> dict[str, str]:
-    """Fixed IPs for ``hosts``: keep what a host had, give new hosts the lowest free ones."""
+                       subnet: str = SUBNET, preferred: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Fixed IPs for ``hosts``: keep what a host had; a new host gets its ``preferred`` address (the spec's) when
+    that is on the lab network and free, else the lowest free one. Keeping the spec's addresses matters when the
+    lab runs only some of the spec's nodes: a lowest-free address could be one the spec gives a node left out,
+    and the overlay would then make the spec invalid (SPEC-DUP-ADDRESS)."""
     net = ipaddress.ip_network(subnet)
     taken = set(used) | {ip for h, ip in existing.items() if h in hosts}
+    wanted: dict[str, str] = {}
+    for host, ip in (preferred or {}).items():
+        try:
+            addr = ipaddress.ip_address(ip)
+        except ValueError:
+            continue
+        if (host in hosts and host not in existing and addr in net and ip not in taken
+                and int(addr) - int(net.network_address) >= FIRST_HOST_OCTET and addr != net.broadcast_address):
+            wanted[host] = ip
+            taken.add(ip)
     free = (str(a) for a in net.hosts() if int(a) - int(net.network_address) >= FIRST_HOST_OCTET
             and str(a) not in taken)
     result: dict[str, str] = {}
     for host in hosts:
         if host in existing:
             result[host] = existing[host]
+            continue
+        if host in wanted:
+            result[host] = wanted[host]
             continue
         try:
             result[host] = next(free)
@@ -433,7 +449,8 @@ def lab_up(
     keyring = ensure_vendor_repo(cluster, state_dir, versions, progress) if versions is not None else None
 
     overlay_path = state_dir / "overlay.yaml"
-    addresses = allocate_addresses(hosts, _load_overlay_addresses(overlay_path), _used_addresses(cluster))
+    addresses = allocate_addresses(hosts, _load_overlay_addresses(overlay_path), _used_addresses(cluster),
+                                   preferred={s.hostname: s.address for s in specs if s.address})
     current = _containers(cluster)
     progress(f"starting {len(hosts)} node container(s)")
     with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(hosts)))) as pool:
@@ -480,7 +497,13 @@ def lab_down(cluster_name: str, progress: Progress = _quiet) -> list[str]:
     names = sorted(_containers(cluster))
     if names:
         progress(f"removing {len(names)} container(s)")
-        podman("rm", "--force", "--time", "2", *names, timeout=60 + 10 * len(names))
+        done = podman("rm", "--force", "--time", "2", *names, timeout=60 + 10 * len(names), check=False)
+        if done.returncode != 0:
+            # A container whose systemd finished stopping while rm was killing it fails with "container state
+            # improper: stopped" and stays behind; it is plain stopped now, and a second rm removes it.
+            left = sorted(_containers(cluster))
+            if left:
+                podman("rm", "--force", "--time", "2", *left, timeout=60 + 10 * len(left))
     state_dir = cluster_dir(cluster)
     if state_dir.exists():
         shutil.rmtree(state_dir)

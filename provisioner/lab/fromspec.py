@@ -29,7 +29,8 @@ def lab_nodes(cluster: Cluster) -> list[LabNodeSpec]:
             for p in n.ports)
         out.append(LabNodeSpec(
             hostname=n.name, gpu_model=model.smi_name if model else "NVIDIA GPU",
-            gpu_count=n.gpu_count, gpu_memory_mib=model.memory_mib if model else 0, nvswitch=n.nvswitch, hcas=hcas))
+            gpu_count=n.gpu_count, gpu_memory_mib=model.memory_mib if model else 0, nvswitch=n.nvswitch, hcas=hcas,
+            address=n.address))
     return out
 
 

@@ -61,6 +61,8 @@ class LabNodeSpec:
     gpu_memory_mib: int = 81559
     nvswitch: bool = True
     hcas: tuple[LabHca, ...] = ()
+    address: str | None = None
+    """The spec's management address: the lab gives it to the node when it is free on the lab network."""
 
 
 @dataclass(frozen=True)

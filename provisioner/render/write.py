@@ -47,14 +47,28 @@ _PLAIN_IPV4 = re.compile(r"[0-9]{1,3}(\.[0-9]{1,3}){3}")
 """A dotted quad, which YAML writes plain after its tag (no resolver reads it as a number), as the golden files show."""
 
 
+_STR_TAG = "tag:yaml.org,2002:str"
+_RESOLVER = yaml.resolver.Resolver()
+
+
+def _reads_as_text(value: str) -> bool:
+    """Whether ``value`` written plain would load as a string.
+
+    Ansible (ansible-core 2.19, ``_constructor.construct_yaml_unsafe``) resolves an ``!unsafe`` scalar again as if
+    it were plain, ignoring its quotes: ``!unsafe '550'`` loads as the integer 550, ``!unsafe '0x8001'`` as 32769,
+    ``!unsafe 'on'`` as True. Such a string has no character Jinja could start a template with, so it is written
+    quoted without the tag and stays a string; every other string gets ``!unsafe``."""
+    return _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == _STR_TAG
+
+
 def _plain(data: Any) -> Any:
-    """Copies without shared sub-objects (so no emitter writes anchors and aliases), strings marked unsafe."""
+    """Copies without shared sub-objects (so no emitter writes anchors and aliases), text marked unsafe."""
     if isinstance(data, dict):
         return {k: _plain(v) for k, v in data.items()}
     if isinstance(data, list | tuple):
         return [_plain(v) for v in data]
     if isinstance(data, str):
-        return _Unsafe(data)
+        return _Unsafe(data) if _reads_as_text(data) else data
     return data
 
 

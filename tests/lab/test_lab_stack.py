@@ -237,7 +237,7 @@ def write_bw(server: str, client: str, *args: str, env: str = "") -> tuple[subpr
             server, "grep -c ':4853 00000000:0000 0A' /proc/net/tcp", ok=False).stdout.strip() not in ("", "0"))
         cli = sh(client, f"{env} ib_write_bw {flags} {ip}", ok=False)
         if cli.returncode != 0:  # a failed client leaves the server waiting, as the real one does
-            sh(server, "pkill -f '^/usr/bin/python3 /usr/bin/ib_write_bw' || true", ok=False)
+            sh(server, "pkill -f '^/usr/bin/python3 /usr/(local/)?bin/ib_write_bw' || true", ok=False)
         out, err = srv.communicate(timeout=30)
     finally:
         if srv.poll() is None:

@@ -16,6 +16,18 @@ def test_allocate_keeps_existing_and_skips_used() -> None:
     assert got == {"a": "10.213.38.11", "b": "10.213.38.40", "c": "10.213.38.12"}
 
 
+def test_allocate_gives_the_spec_address_when_free() -> None:
+    """A lab of gpu01, gpu02, sm1, sm2 from a spec whose gpu03 has .13: lowest-free would hand sm1 .13 and the
+    overlay would clash with the spec's gpu03 (SPEC-DUP-ADDRESS); the spec's own addresses keep it valid."""
+    spec = {"gpu01": "10.213.38.11", "gpu02": "10.213.38.12", "sm1": "10.213.38.21", "sm2": "10.213.38.22"}
+    got = cluster.allocate_addresses(["gpu01", "gpu02", "sm1", "sm2"], {}, set(), preferred=spec)
+    assert got == spec
+    # taken by another lab, off the lab network, or not an address: the lowest free one instead
+    odd = {**spec, "gpu02": "10.0.0.12", "sm1": "10.213.38.11", "sm2": "nope"}
+    got = cluster.allocate_addresses(["gpu01", "gpu02", "sm1", "sm2"], {}, {"10.213.38.11"}, preferred=odd)
+    assert got == {"gpu01": "10.213.38.10", "gpu02": "10.213.38.12", "sm1": "10.213.38.13", "sm2": "10.213.38.14"}
+
+
 def test_allocate_runs_out() -> None:
     with pytest.raises(LabError, match="no free address"):
         cluster.allocate_addresses(["a", "b"], {}, set(), subnet="10.0.0.0/29")
