@@ -72,9 +72,14 @@ def _plain(data: Any) -> Any:
     return data
 
 
+_WIDTH = 1 << 20
+"""Never fold a long string: where a fold falls depends on the length of the paths inside it (the spec's
+directory), so the same spec rendered from another checkout would differ, and grep would miss split values."""
+
+
 def _dump(header: str, data: dict[str, Any]) -> str:
     body = yaml.dump(_plain(data), Dumper=_Dumper, sort_keys=True, default_flow_style=False, allow_unicode=True,
-                     width=120)
+                     width=_WIDTH)
     return f"---\n# {header}\n{body}"
 
 
@@ -103,7 +108,7 @@ def render_files(cluster: Cluster, inv: Inventory | None = None) -> dict[str, st
             rests[key] = _dump(header, rest)
         address = (f"ansible_host: !unsafe {hv['ansible_host']}\n" if _PLAIN_IPV4.fullmatch(str(hv["ansible_host"]))
                    else yaml.dump(_plain({"ansible_host": hv["ansible_host"]}), Dumper=_Dumper,
-                                  default_flow_style=False, allow_unicode=True, width=120))
+                                  default_flow_style=False, allow_unicode=True, width=_WIDTH))
         head, _, body = rests[key].partition(f"# {header}\n")
         files[f"host_vars/{host}.yml"] = f"{head}# {header}\n{address}{body}"
     return files

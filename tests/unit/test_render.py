@@ -38,6 +38,19 @@ def test_golden_files(spec: str) -> None:
         assert files[rel] == want[rel], f"{rel} differs from the golden file (PROVISIONER_UPDATE_GOLDEN=1 to refresh)"
 
 
+def test_golden_files_do_not_depend_on_the_checkout_path(tmp_path: Path) -> None:
+    """The same spec from a directory of another length renders the same files (YAML folds long strings at a
+    width, and where it folded depended on the spec directory inside them: a clone elsewhere failed the goldens)."""
+    deep = tmp_path / ("d" * 90)
+    shutil.copytree(ROOT / "examples", deep)
+    cluster, _ = load_cluster(deep / "h100-ndr-8node.yaml")
+    files = {rel: text.replace(str(deep), "__SPEC_DIR__").replace(os.path.expanduser("~"), "__HOME__")
+             for rel, text in render_files(cluster).items()}
+    gdir = GOLDEN / "h100-ndr-8node"
+    for rel, text in files.items():
+        assert text == (gdir / rel).read_text(encoding="utf-8"), rel
+
+
 def test_render_is_deterministic_and_diffs(tmp_path: Path) -> None:
     cluster, _ = load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")
     first = render_inventory(cluster, tmp_path)
