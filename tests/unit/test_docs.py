@@ -72,7 +72,7 @@ def test_readme_is_a_front_door_of_at_most_200_lines() -> None:
 
 def test_readme_setup_starts_with_the_two_commands() -> None:
     text = README.read_text(encoding="utf-8")
-    setup = re.search(r"^## Set-?up\b.*?$(.*?)(?=^## )", text, re.M | re.S | re.I)
+    setup = re.search(r"^## Set[ -]?up\b.*?$(.*?)(?=^## )", text, re.M | re.S | re.I)
     assert setup, "README.md has no '## Set up' section"
     block = re.search(r"```(?:sh|bash)?\n(.*?)```", setup.group(1), re.S)
     assert block, "the setup section has no command block"
@@ -87,7 +87,19 @@ def test_readme_setup_starts_with_the_two_commands() -> None:
 
 def test_readme_and_docs_link_only_to_files_that_exist() -> None:
     for page in [README, *sorted((ROOT / "docs").glob("*.md"))]:
-        for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text(encoding="utf-8")):
+        text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)  # code is not links
+        text = re.sub(r"`[^`\n]*`", "", text)
+        for target, anchor in re.findall(r"\]\(([^)#\s]+)(?:#([^)]*))?\)", text):
             if "://" in target:
                 continue
-            assert (page.parent / target).exists(), f"{page.relative_to(ROOT)} links to a missing {target}"
+            path = page.parent / target
+            assert path.exists(), f"{page.relative_to(ROOT)} links to a missing {target}"
+            if anchor:
+                assert anchor in _anchors(path), f"{page.relative_to(ROOT)} links to a missing {target}#{anchor}"
+
+
+def _anchors(page: Path) -> set[str]:
+    """The heading anchors GitHub makes: lowercase, punctuation dropped (but - and _), spaces to hyphens."""
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
+            for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
