@@ -66,7 +66,7 @@ fabric:
 def _addr_range(n: int) -> str:
     """A /24 per rack of 32 nodes (10.64.R.11-42, racks running on into 10.65...), as one hostlist item when n is a
     whole number of /16s or fits one: ClusterShell merges several multi-dimensional items slowly (see
-    docs/notes/scale.md)."""
+    docs/benchmarks.md, "Scale")."""
     racks, rest = divmod(n, 32)
     items = []
     full16, left = divmod(racks, 256)

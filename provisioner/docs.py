@@ -1,14 +1,25 @@
-"""Generated documentation: the spec reference (from the pydantic models) and the rule list (from RULES).
+"""Generated documentation: the reference parts of `docs/` are written from the code, never by hand.
 
-`python -m provisioner.docs README.md` rewrites the generated sections of the README between their markers;
-a test fails when the README is out of date, so the reference is never maintained by hand.
+Each generated part sits between `<!-- BEGIN GENERATED name -->` and `<!-- END GENERATED name -->` in one of the
+files of :data:`DOCS`: the spec reference and the GPU catalog (from the pydantic models and the catalog), the
+design rules and the version compatibility table (from RULES and the compat facts), and the CLI reference (each
+command's `--help`, as `provision` prints it).
+
+    python -m provisioner.docs            rewrite the generated parts of every file in DOCS (from the repo root)
+    python -m provisioner.docs --check    write nothing; exit 1 naming each file that is out of date
+
+`tests/unit/test_docs.py` fails when a file is out of date, so the reference never drifts from the code.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
+import os
 import sys
 import types
 import typing
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -103,27 +114,150 @@ def compat_reference() -> str:
     return "\n".join(lines) + "\n"
 
 
-SECTIONS = {"spec-reference": spec_reference, "rules": rules_reference, "compat": compat_reference}
+def gpu_catalog() -> str:
+    from provisioner.spec.catalog import GPU_MODELS
+
+    lines = ["| `gpu.model` | nvidia-smi name | memory (MiB) | form | NVLink per GPU (GB/s, one way) | PCIe gen "
+             "| architecture |", "|---|---|---:|---|---:|---:|---|"]
+    for g in GPU_MODELS.values():
+        lines.append(f"| `{g.key}` | {g.smi_name} | {g.memory_mib} | {g.form} | {g.nvlink_gbps:g} | {g.pcie_gen} "
+                     f"| {g.arch} |")
+    return "\n".join(lines) + "\n"
 
 
-def render_readme(text: str) -> str:
-    for name, fn in SECTIONS.items():
-        start, end = f"<!-- BEGIN GENERATED {name} -->", f"<!-- END GENERATED {name} -->"
+HELP_COLUMNS = "100"
+"""The terminal width the help text is rendered for (click caps it at 80 columns; a fixed value keeps the
+reference the same whatever terminal generates it)."""
+
+
+@contextlib.contextmanager
+def _columns(value: str) -> Iterator[None]:
+    old = os.environ.get("COLUMNS")
+    os.environ["COLUMNS"] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop("COLUMNS", None)
+        else:
+            os.environ["COLUMNS"] = old
+
+
+def _root_command() -> Any:
+    """The click command typer builds for `provision` (built once: each build walks every command)."""
+    import typer
+
+    from provisioner.cli import app
+
+    return typer.main.get_command(app)
+
+
+def _help_text(root: Any, args: Sequence[str]) -> str:
+    """What `provision ARGS --help` prints."""
+    buf = io.StringIO()
+    with _columns(HELP_COLUMNS), contextlib.redirect_stdout(buf):
+        root.main(args=[*args, "--help"], prog_name="provision", standalone_mode=False)
+    return buf.getvalue().rstrip() + "\n"
+
+
+def _command_paths(root: Any) -> list[list[str]]:
+    """Every command of `provision`, in the order its help lists them (sub-commands of a group after it)."""
+    paths: list[list[str]] = []
+
+    def walk(group: Any, prefix: list[str]) -> None:
+        ctx = group.context_class(group, info_name=" ".join(["provision", *prefix]))
+        for name in group.list_commands(ctx):
+            cmd = group.get_command(ctx, name)
+            if cmd is None or getattr(cmd, "hidden", False):
+                continue
+            paths.append([*prefix, name])
+            if hasattr(cmd, "list_commands"):
+                walk(cmd, [*prefix, name])
+
+    walk(root, [])
+    return paths
+
+
+def cli_reference() -> str:
+    """One section per command: its `--help` as printed (the root's completion options left out: they depend on
+    the shell typer detects)."""
+    root = _root_command()
+    lines: list[str] = []
+    for path in _command_paths(root):
+        name = " ".join(["provision", *path])
+        lines += [f"### `{name}`", "", "```text", _help_text(root, path).rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+SECTIONS: dict[str, Callable[[], str]] = {
+    "spec-reference": spec_reference,
+    "gpu-catalog": gpu_catalog,
+    "rules": rules_reference,
+    "compat": compat_reference,
+    "cli": cli_reference,
+}
+
+DOCS: dict[str, tuple[str, ...]] = {
+    "docs/spec-reference.md": ("gpu-catalog", "spec-reference"),
+    "docs/rules.md": ("rules", "compat"),
+    "docs/cli.md": ("cli",),
+}
+"""Each generated file (relative to the repository root) and the sections it must carry."""
+
+
+def _markers(name: str) -> tuple[str, str]:
+    return f"<!-- BEGIN GENERATED {name} -->", f"<!-- END GENERATED {name} -->"
+
+
+def missing_sections(text: str, names: Sequence[str]) -> list[str]:
+    """The sections of ``names`` whose BEGIN/END markers are not both in ``text``."""
+    return [n for n in names if any(m not in text for m in _markers(n))]
+
+
+def render_text(text: str, names: Sequence[str] | None = None) -> str:
+    """``text`` with every generated section of ``names`` (default: all) rewritten between its markers."""
+    cache: dict[str, str] = {}
+    for name in names if names is not None else list(SECTIONS):
+        start, end = _markers(name)
         if start not in text or end not in text:
             continue
         head, rest = text.split(start, 1)
         _, tail = rest.split(end, 1)
-        text = f"{head}{start}\n{fn()}{end}{tail}"
+        if name not in cache:
+            cache[name] = SECTIONS[name]()
+        text = f"{head}{start}\n{cache[name]}{end}{tail}"
     return text
 
 
 def main(argv: list[str]) -> int:
-    path = Path(argv[0] if argv else "README.md")
-    old = path.read_text(encoding="utf-8")
-    new = render_readme(old)
-    if new != old:
-        path.write_text(new, encoding="utf-8")
-        print(f"{path}: generated sections updated")
+    check = "--check" in argv
+    unknown = [a for a in argv if a != "--check"]
+    if unknown:
+        print(f"provisioner.docs: unknown argument(s) {' '.join(unknown)}; usage: python -m provisioner.docs "
+              "[--check]", file=sys.stderr)
+        return 2
+    stale: list[str] = []
+    for rel, names in DOCS.items():
+        path = Path(rel)
+        try:
+            old = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            print(f"provisioner.docs: {rel}: {exc.strerror or exc} (run from the repository root)", file=sys.stderr)
+            return 2
+        missing = missing_sections(old, names)
+        if missing:
+            print(f"provisioner.docs: {rel}: no markers for {', '.join(missing)}", file=sys.stderr)
+            return 2
+        new = render_text(old, names)
+        if new == old:
+            continue
+        stale.append(rel)
+        if not check:
+            path.write_text(new, encoding="utf-8")
+            print(f"{rel}: generated sections updated")
+    if check and stale:
+        print("out of date (run: python -m provisioner.docs): " + ", ".join(stale), file=sys.stderr)
+        return 1
     return 0
 
 

@@ -86,7 +86,7 @@ def phase(name: str) -> Phase:
 
 @dataclass
 class RunOptions:
-    """Everything the command line can say about a run (the CLI builds this; see docs/notes/run-engine.md)."""
+    """Everything the command line can say about a run (the CLI builds this; docs/architecture.md, "The run engine")."""
 
     only: list[str] = field(default_factory=list)
     from_phase: str | None = None

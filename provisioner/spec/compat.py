@@ -100,7 +100,7 @@ LUSTRE_OFED_BAD: tuple[tuple[str, str, str, str], ...] = (
 # Lustre client releases and the OSes of this spec whose kernel the Lustre ChangeLog lists under "Client primary
 # kernels built and tested during release cycle" (lustre/lustre-release and microsoft/amlFilesystem-lustre
 # lustre/ChangeLog: 2.15.0-2.15.2 list Ubuntu 20.04 only; the 2.17.0 entry, still dated "TBD" in the stored
-# copies, lists 5.15.0-88 (Ubuntu 22.04) and 6.8.0-35 (Ubuntu 24.04)). Informational (README table): a release or
+# copies, lists 5.15.0-88 (Ubuntu 22.04) and 6.8.0-35 (Ubuntu 24.04)). Informational (docs/rules.md table): a release or
 # OS missing here is untested upstream, not known-bad, so no rule reads it.
 LUSTRE_CLIENT_TESTED: dict[str, tuple[str, ...]] = {"2.17.0": ("ubuntu-22.04", "ubuntu-24.04")}
 
@@ -178,7 +178,7 @@ def lustre_ofed_conflict(lustre: str, flavor: str, ofed: str) -> str | None:
 
 
 def compat_table() -> list[tuple[str, str, str]]:
-    """(component, versions, requirement) rows for the README's generated compatibility table."""
+    """(component, versions, requirement) rows for the generated compatibility table in docs/rules.md."""
     rows: list[tuple[str, str, str]] = []
     for (maj, minor, upd), drv in sorted(CUDA_MIN_DRIVER.items()):
         rows.append(("CUDA", f"{maj}.{minor}.{upd}", f"driver >= {drv}"))

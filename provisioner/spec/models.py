@@ -97,7 +97,7 @@ class Ssh(Strict):
 
 # --- hardware profiles -----------------------------------------------------------------------------------------
 class Gpu(Strict):
-    model: str = Field(description="GPU model, e.g. H100-SXM5-80GB (see the catalog in the README).")
+    model: str = Field(description="GPU model, e.g. H100-SXM5-80GB (see the GPU catalog in docs/spec-reference.md).")
     count: int = Field(ge=0, le=16, description="GPUs per node.")
     nvswitch: bool = Field(False, description="True on HGX/DGX boards with NVSwitch (needs fabric manager).")
 

@@ -1,6 +1,6 @@
 """Design rules: what the field knows about GPU/InfiniBand clusters, checked before any node is touched.
 
-Each rule has an ID, a severity and one sentence of why; the README's rule list is generated from RULES.
+Each rule has an ID, a severity and one sentence of why; docs/rules.md's rule list is generated from RULES.
 Rules read the expanded Cluster and point at the YAML line the problem comes from.
 """
 

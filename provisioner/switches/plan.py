@@ -27,7 +27,7 @@ CLI syntax, by device type (checked against the vendors' documentation):
 * SONiC (`dell_sonic`): the community click CLI of sonic-utilities (doc/Command-Reference.md):
   `config qos reload`, `config interface pfc priority <if> <prio> on`, `config interface mtu <if> <mtu>`,
   `ecnconfig -p AZURE_LOSSLESS -gmin <bytes> -gmax <bytes>`, `config save -y`. Display only for now: netmiko's
-  dell_sonic driver enters the Klish `sonic-cli`, where these commands do not exist (see docs/notes/switches.md).
+  dell_sonic driver enters the Klish `sonic-cli`, where these commands do not exist (docs/operations.md, "Switches").
 """
 
 from __future__ import annotations

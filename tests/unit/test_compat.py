@@ -1,4 +1,4 @@
-"""Version compatibility at validate time: the NCCL/CUDA build rule and the table the README prints."""
+"""Version compatibility at validate time: the NCCL/CUDA build rule and the table docs/rules.md prints."""
 
 from __future__ import annotations
 

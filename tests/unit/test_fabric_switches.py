@@ -291,7 +291,8 @@ def test_cabling_runs_by_default_when_the_spec_plans_it(spec: str, want: bool) -
     assert select_tests(c, ["links"]) == ["links"]  # --only is exactly what was asked
 
 
-def test_readme_documents_the_new_checks() -> None:
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+def test_docs_document_the_new_checks() -> None:
+    docs = Path(__file__).resolve().parents[2] / "docs"
+    text = (docs / "verification.md").read_text() + (docs / "lab.md").read_text()
     for word in ("switch_links", "switch_ports", "fabric_load", "uplink_down", "switch_down"):
         assert word in text, word

@@ -49,7 +49,7 @@ def test_expand_rejects(bad: str) -> None:
 @pytest.mark.parametrize(
     ("names", "folded"),
     [
-        (["gpu03", "gpu07"], "gpu[03,07]"),  # the README's retry command: --limit gpu[03,07]
+        (["gpu03", "gpu07"], "gpu[03,07]"),  # the retry command the run summary prints: --limit gpu[03,07]
         ([f"gpu{i:03d}" for i in range(1, 129)], "gpu[001-128]"),
         (["gpu01", "gpu02", "gpu03", "gpu04", "gpu07"], "gpu[01-04,07]"),
         (["r1n01", "r1n02", "r2n01", "r2n02"], "r[1-2]n[01-02]"),

@@ -54,9 +54,9 @@ def test_leading_spaces_parse_the_same(tool: str, name: str) -> None:
     assert parse(tool, indented) == parse(tool, text)
 
 
-def _readme_fixture_counts() -> dict[str, int]:
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Parsing tool output", 1)[1].split("\n## ", 1)[0]
+def _contract_fixture_counts() -> dict[str, int]:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "parse-contract.md").read_text(encoding="utf-8")
+    section = doc.split("## Tools and fields", 1)[1].split("\n## ", 1)[0]
     counts: dict[str, int] = {}
     for row in section.splitlines():
         cells = [c.strip(" `") for c in row.strip().strip("|").split("|")]
@@ -65,9 +65,9 @@ def _readme_fixture_counts() -> dict[str, int]:
     return counts
 
 
-def test_readme_table_lists_every_tool_with_its_real_capture_count() -> None:
+def test_contract_table_lists_every_tool_with_its_real_capture_count() -> None:
     on_disk = {tool: sum(1 for t, _ in FIXTURES if t == tool) for tool in TOOLS}
-    assert _readme_fixture_counts() == on_disk
+    assert _contract_fixture_counts() == on_disk
 
 
 CROSS = [(tool, other, name) for tool in TOOLS for other, name in FIXTURES if other != tool]

@@ -11,7 +11,7 @@ Version strings follow the real repositories where they are known (``nvidia-driv
 ``550.90.07-0ubuntu1``, ``cuda-drivers-550`` and ``nvidia-fabricmanager-550``
 ``550.90.07-1``, ``cuda-toolkit-12-4`` ``12.4.1-1``, ``libnccl2`` ``2.21.5-1+cuda12.4``);
 the OFED component versions follow the ``<ver>.OFED.<full ver>`` pattern of the MLNX_OFED
-kernel packages and are documented as patterns in docs/notes/vendor-repo.md.
+kernel packages and are documented as patterns in docs/lab.md ("The vendor repository").
 """
 
 from __future__ import annotations

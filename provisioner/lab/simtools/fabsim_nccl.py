@@ -21,7 +21,7 @@ Output follows nccl-tests' ``PRINT`` formats (rows ``%12li  %12li  %8s  %6s  %6i
 ``  %7s  %6.2f  %6.2f  %5s`` twice; captured runs in aws/aws-k8s-tester PR #503,
 coreweave/nccl-tests PR #43, NVIDIA/nccl-tests issue #252).
 
-Bus-bandwidth model (large messages), see docs/notes/simtools-fabric.md:
+Bus-bandwidth model (large messages), see docs/lab-hardware-model.md ("Tool models"):
 - one node: the NVLink figure of the GPU model (H100/H200 ~480 GB/s with NVLS,
   nccl-tests issue #212; A100 ~230 GB/s); no NVSwitch: PCIe ~20 GB/s;
 - several nodes: min over nodes of sum(selected Active rails' rate x bw_factor) / 8 x 0.94

@@ -10,7 +10,7 @@ Formats follow perftest's own ``printf`` strings (Debian perftest 4.5-0.17 binar
 ``/usr/bin/ib_write_bw``, and captured runs in linux-rdma/perftest issues #132, #214,
 #234, #31, #126).  Result line: `` %-7lu    %-10lu       %-7.2lf            %-7.2lf\\t\\t   %-7.6lf``.
 
-Bandwidth model (documented in docs/notes/simtools-fabric.md and docs/lab-hardware-model.md):
+Bandwidth model (documented in docs/lab-hardware-model.md, "Tool models" and "Fabric routes"):
 the flow's max-min fair share of the fabric (``fabsim_fabric.fair_share``: its ports' rates x bw_factor and
 the switch-to-switch links on its route, shared with the flows running at the same time; alone on one leaf
 that is ``min(rate_a * bw_factor_a, rate_b * bw_factor_b)``) ``* efficiency``, efficiency 0.98 at
