@@ -5,7 +5,8 @@ its kind (``node_type``: ``switch`` or ``ca`` from the block header; ``None`` in
 form, which has no header), port state and physical state, width, the lane signalling speed as printed
 (``25.78125 Gbps``) and the nominal data rate derived from it (4X x 25 = 100 Gb/s, the
 figure ibstat would print). ``(Could be ...)`` hints from iblinkinfo — the link trained
-below what both ends support — become warnings.
+below what both ends support — become warnings. Piped through grep (``iblinkinfo | grep Up``) the block headers
+are gone: those ports come out with ``switch``/``node_type`` null and a warning, never under a guessed node.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
     warnings: list[str] = []
     node: str | None = None
     kind: str | None = None
+    headerless = False
     for line in text.splitlines():
         n = _NODE_RE.match(line.strip())
         if n and "==(" not in line:
@@ -61,6 +63,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
         if not m:
             continue
         owner = m.group("lname").strip() if m.group("lname") is not None else node
+        headerless = headerless or owner is None
         width = int(m.group("width")) if m.group("width") else None
         speed = to_float(m.group("speed")) if m.group("speed") else None
         nominal = _nominal(speed)
@@ -83,4 +86,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
             warnings.append(f"{owner} port {rec['port']}: {hint}")
     if not links:
         raise ParseError("iblinkinfo: no '<port>[ ] ==( ... )==> ...' link line found")
+    if headerless:
+        warnings.insert(0, "link lines before any 'CA:'/'Switch:' header (filtered output?): "
+                           "the node those ports belong to is unknown (switch: null)")
     return {"tool": "iblinkinfo", "links": links, "warnings": warnings}

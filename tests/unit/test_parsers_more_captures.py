@@ -8,10 +8,11 @@ import pytest
 
 from provisioner import discover
 from provisioner.errors import ParseError
-from provisioner.fabric import sm
+from provisioner.fabric import cabling, sm
 from provisioner.parsers import parse
 from provisioner.parsers._common import diag_error_line, iberror_text
 from tests.unit._parser_fixtures import load
+from tests.unit.test_verify_checks import V100, cluster_from
 
 # ---------------------------------------------------------------- sminfo
 
@@ -62,6 +63,61 @@ def test_sminfo_rejects_another_tools_failure_and_a_bare_state_word() -> None:
     with pytest.raises(ParseError, match="sminfo"):
         parse("sminfo", "ufm: Other SM is in the fabric: lid:1, guid:0xfc6a1c0300e7ecc0, priority:15, "
                         "state:SMINFO_MASTER, and a very long line of log text around it\n")
+
+
+# ---------------------------------------------------------------- iblinkinfo
+
+
+def test_iblinkinfo_two_cas_back_to_back_without_a_switch() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "archwiki_ddr_back_to_back_no_switch.txt"))
+    links = [(lk["switch"], lk["node_type"], lk["port"], lk["peer"], lk["peer_port"]) for lk in out["links"]]
+    assert links == [
+        ("MT25408 ConnectX Mellanox Technologies", "ca", 1, "kvm mlx4_0", 1),
+        ("hostname mlx4_0", "ca", 1, "MT25408 ConnectX Mellanox Technologies", 1),
+    ]
+    assert {(lk["width"], lk["lane_speed_gbps"], lk["rate_gbps"], lk["state"], lk["physical_state"])
+            for lk in out["links"]} == {("4X", 5.0, 20.0, "active", "linkup")}
+    assert out["warnings"] == []
+
+
+def test_iblinkinfo_dual_port_ca_and_ca_block_after_the_switch() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "cc_rdma_test_qdr_dual_port_ca.txt"))
+    cas = [lk for lk in out["links"] if lk["node_type"] == "ca"]
+    sw = [lk for lk in out["links"] if lk["node_type"] == "switch"]
+    assert len(cas) == 9 and len(sw) == 18
+    assert {lk["switch"] for lk in sw} == {"Infiniscale-IV Mellanox Technologies"}
+    # teaker-9's second port has no "CA:" line of its own; it stays teaker-9's, and both ends agree.
+    assert [(lk["port"], lk["peer_port"]) for lk in cas if lk["switch"] == "teaker-9 HCA-1"] == [(1, 3), (2, 14)]
+    assert [(lk["peer"], lk["peer_port"]) for lk in sw if lk["port"] in (3, 14)] == [
+        ("teaker-9 HCA-1", 1), ("teaker-9 HCA-1", 2)]
+    assert cas[-1]["switch"] == "teaker-10 HCA-1" and cas[-1]["peer_port"] == 2  # block printed after the switch
+    assert [lk["port"] for lk in sw if lk["state"] == "down"] == [8, 10, 11, 12, 13, 15, 16, 17, 18]
+    assert all(lk["physical_state"] == "polling" and lk["peer"] is None for lk in sw if lk["state"] == "down")
+    assert {lk["rate_gbps"] for lk in out["links"] if lk["state"] == "active"} == {40.0}
+
+
+def test_iblinkinfo_through_grep_has_no_owner_and_says_so() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "linpack_19a_grep_up_headerless.txt"))
+    assert [(lk["switch"], lk["node_type"], lk["port"], lk["peer"], lk["peer_port"]) for lk in out["links"]] == [
+        (None, None, 1, "MF0;SB7700:MSB7700/U1", 17),
+        (None, None, 1, "MF0;SB7700:MSB7700/U1", 36),
+        (None, None, 17, "n02 HCA-1", 1),
+        (None, None, 18, "n01 HCA-1", 1),
+        (None, None, 36, "mgt mlx5_0", 1),
+        (None, None, 1, "MF0;SB7700:MSB7700/U1", 18),
+    ]
+    assert {lk["rate_gbps"] for lk in out["links"]} == {100.0}
+    assert out["warnings"] == ["link lines before any 'CA:'/'Switch:' header (filtered output?): "
+                               "the node those ports belong to is unknown (switch: null)"]
+
+
+def test_cabling_never_places_a_cable_on_a_switch_named_none() -> None:
+    # The grep'd capture says "n02 HCA-1" is on port 17 of *some* switch: the cable map must not read that as
+    # a switch called "None" (which the findings would then tell a technician to move a cable from).
+    c = cluster_from(V100.replace("gpu-v100-[0-3]", "n[01-02]").replace("10.0.0.[1-4]", "10.0.0.[1-2]")
+                     .replace("ibswitch254", "sb7700").replace("ports: 1-4", "ports: 17-18"))
+    live = cabling.live_map(c, parse("iblinkinfo", load("iblinkinfo", "linpack_19a_grep_up_headerless.txt")))
+    assert all(where is None or where[0] != "None" for where in live.values()), live
 
 
 # ---------------------------------------------------------------- ibnetdiscover
