@@ -120,6 +120,47 @@ def test_cabling_never_places_a_cable_on_a_switch_named_none() -> None:
     assert all(where is None or where[0] != "None" for where in live.values()), live
 
 
+# ---------------------------------------------------------------- ibstatus
+
+
+def test_ibstatus_qdr_port_and_an_ethernet_port_down() -> None:
+    out = parse("ibstatus", load("ibstatus", "cc_rdma_test_cx3_qdr_and_eth_port_down.txt"))
+    assert out["ports"] == [
+        {"device": "mlx4_0", "port": 1, "state": "active", "physical_state": "linkup", "rate_gbps": 40.0,
+         "width": "4X", "speed": "QDR", "link_layer": "infiniband"},
+        {"device": "mlx4_0", "port": 2, "state": "down", "physical_state": "disabled", "rate_gbps": 10.0,
+         "width": "1X", "speed": "QDR", "link_layer": "ethernet"},
+    ]
+    assert out["warnings"] == ["mlx4_0 port 2: port is Down, rate 10 is a placeholder"]
+
+
+def test_ibstatus_roce_ports_at_400_say_ndr_and_are_not_ib_links() -> None:
+    out = parse("ibstatus", load("ibstatus", "infiniband_exporter26_roce_400g_ndr_words.txt"))
+    assert [(p["device"], p["state"], p["physical_state"], p["rate_gbps"], p["width"], p["speed"], p["link_layer"])
+            for p in out["ports"]] == [
+        ("mlx5_0", "active", "linkup", 400.0, "4X", "NDR", "ethernet"),
+        ("mlx5_1", "active", "linkup", 400.0, "4X", "NDR", "ethernet"),
+    ]
+    assert out["warnings"] == [
+        f"{dev} port 1: Ethernet (RoCE) port: '4X NDR' is the kernel's InfiniBand wording for 400 Gb/s, "
+        "not an InfiniBand link" for dev in ("mlx5_0", "mlx5_1")]
+
+
+# ---------------------------------------------------------------- opensm.conf
+
+
+def test_opensm_conf_3_3_5_package_default_is_older_than_3_3_9() -> None:
+    old = parse("opensm-conf", load("opensm-conf", "el6_opensm_3_3_5_package_default.txt"))
+    new = parse("opensm-conf", load("opensm-conf", "el6_opensm_3_3_9_package_default.txt"))
+    assert old["routing_engines"] == [] and old["options"]["routing_engine"] == "(null)"
+    assert old["warnings"] == ["routing_engine not set: opensm uses minhop"]
+    assert old["options"]["partition_config_file"] == "/etc/ofed/partitions.conf"
+    assert old["options"]["sm_priority"] == "15"  # RHEL 6.0 shipped its SM at the top priority; 3.3.9 at 0
+    assert new["options"]["sm_priority"] == "0"
+    assert {"hop_weights_file", "io_guid_file", "lash_start_vl", "sm_sl"} <= set(new["options"]) - set(old["options"])
+    assert len(old["options"]) == 91
+
+
 # ---------------------------------------------------------------- ibnetdiscover
 
 
@@ -140,6 +181,17 @@ def test_ibnetdiscover_that_could_not_open_the_mad_port_is_a_failed_run() -> Non
 def test_ibnetdiscover_topologies_are_ok() -> None:
     out = parse("ibnetdiscover", load("ibnetdiscover", "rdma_core_man_voltaire_sdr.txt"))
     assert (out["ok"], out["error"]) == (True, None) and out["switches"]
+
+
+# ---------------------------------------------------------------- ibqueryerrors
+
+
+def test_ibqueryerrors_clean_run_has_a_summary_and_no_node() -> None:
+    out = parse("ibqueryerrors", load("ibqueryerrors", "infiniband_exporter48_clean_node_thresholds.txt"))
+    assert out["nodes"] == []
+    assert out["summary"] == {"nodes_checked": 1, "bad_nodes": 0, "ports_checked": 1, "bad_ports": 0,
+                              "pma_query_failures": 0}
+    assert out["complete"] is True and out["errors"] == []
 
 
 # ---------------------------------------------------------------- error lines as the tools print them
