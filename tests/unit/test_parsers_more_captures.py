@@ -96,6 +96,39 @@ def test_iblinkinfo_dual_port_ca_and_ca_block_after_the_switch() -> None:
     assert {lk["rate_gbps"] for lk in out["links"] if lk["state"] == "active"} == {40.0}
 
 
+def test_iblinkinfo_of_2010_switch_header_without_colon_and_down_ports_with_a_speed() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "ompi_users_13551_2010_ibm_hssm_port1.txt"))
+    assert len(out["links"]) == 36
+    assert {(lk["switch"], lk["node_type"]) for lk in out["links"]} == {("IBM HSSM", "switch")}
+    active = {lk["port"]: (lk["peer"], lk["lane_speed_gbps"], lk["rate_gbps"]) for lk in out["links"]
+              if lk["state"] == "active"}
+    assert active == {
+        1: ("faui36a HCA-1", 5.0, 20.0),
+        2: ("MT25204 InfiniHostLx Mellanox Technologies", 2.5, 10.0),
+        17: ("faui36b HCA-1", 10.0, 40.0),
+        18: ("faui36c HCA-1", 10.0, 40.0),
+        19: ("faui36d HCA-1", 5.0, 20.0),
+        20: ("faui36e HCA-1", 5.0, 20.0),
+        21: ("faui36f HCA-1", 5.0, 20.0),
+    }
+    down = [lk for lk in out["links"] if lk["state"] == "down"]
+    assert len(down) == 29
+    assert {(lk["width"], lk["lane_speed_gbps"], lk["rate_gbps"], lk["peer"]) for lk in down} == {
+        ("4X", 2.5, None, None)}  # printed width/speed kept, no rate for a port without a link
+    assert sorted(lk["port"] for lk in down if lk["physical_state"] == "polling") == list(range(22, 33))
+    assert out["warnings"] == []
+
+
+def test_iblinkinfo_of_2010_sdr_topspin_switch() -> None:
+    out = parse("iblinkinfo", load("iblinkinfo", "ompi_users_13551_2010_topspin_port2.txt"))
+    assert {lk["switch"] for lk in out["links"]} == {"Topspin Switch"}
+    assert [(lk["port"], lk["peer"], lk["peer_port"], lk["rate_gbps"]) for lk in out["links"]
+            if lk["state"] == "active"] == [
+        (1, "faui36b HCA-1", 2, 10.0), (2, "faui36c HCA-1", 2, 10.0), (3, "faui36d HCA-1", 2, 10.0),
+        (4, "faui36e HCA-1", 2, 10.0), (5, "faui36f HCA-1", 2, 10.0), (17, "faui36a HCA-1", 2, 10.0)]
+    assert sum(lk["physical_state"] == "polling" for lk in out["links"]) == 18
+
+
 def test_iblinkinfo_through_grep_has_no_owner_and_says_so() -> None:
     out = parse("iblinkinfo", load("iblinkinfo", "linpack_19a_grep_up_headerless.txt"))
     assert [(lk["switch"], lk["node_type"], lk["port"], lk["peer"], lk["peer_port"]) for lk in out["links"]] == [
