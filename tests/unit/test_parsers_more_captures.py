@@ -179,6 +179,19 @@ def test_ibstatus_roce_ports_at_400_say_ndr_and_are_not_ib_links() -> None:
         "not an InfiniBand link" for dev in ("mlx5_0", "mlx5_1")]
 
 
+def test_ibstatus_of_ofed_1_3_1_has_no_link_layer_and_a_bare_width_when_down() -> None:
+    out = parse("ibstatus", load("ibstatus", "ompi_users_7006_ofed_1_3_1_two_hcas.txt"))
+    assert [(p["device"], p["port"], p["state"], p["physical_state"], p["rate_gbps"], p["width"], p["speed"])
+            for p in out["ports"]] == [
+        ("mlx4_0", 1, "active", "linkup", 20.0, "4X", "DDR"),
+        ("mlx4_0", 2, "down", "polling", 10.0, "4X", None),
+        ("mlx4_1", 1, "active", "linkup", 20.0, "4X", "DDR"),
+        ("mlx4_1", 2, "down", "polling", 10.0, "4X", None),
+    ]
+    assert {p["link_layer"] for p in out["ports"]} == {None}  # OFED 1.3.1 printed no link_layer line
+    assert out["warnings"] == [f"{d} port 2: port is Down, rate 10 is a placeholder" for d in ("mlx4_0", "mlx4_1")]
+
+
 # ---------------------------------------------------------------- opensm.conf
 
 
