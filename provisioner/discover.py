@@ -239,6 +239,8 @@ def switch_name(description: str, guid: str) -> str:
 def read_fabric(text: str, source: str, ca_owner: Mapping[str, tuple[str, str]]) -> FabricFacts:
     """Switches, node cables and switch links from ``ibnetdiscover``; CAs matched by node GUID (``ca_owner``)."""
     topo = parse("ibnetdiscover", text)
+    if not topo["ok"]:
+        raise ParseError(f"ibnetdiscover failed: {topo['error']}")
     fabric = FabricFacts(source=source)
     names: dict[str, str] = {}
     taken: set[str] = set()

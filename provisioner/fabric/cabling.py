@@ -59,7 +59,7 @@ def live_map(cluster: Cluster, iblinkinfo: Mapping[str, Any]) -> dict[tuple[str,
                 found.setdefault(ca, None)
     for link in iblinkinfo.get("links", []):  # the switch side, when the CA block is absent
         ca = names.get(str(link.get("peer")))
-        if ca is not None and found.get(ca) is None:
+        if ca is not None and found.get(ca) is None and link.get("switch") is not None:  # grep'd: owner unknown
             found[ca] = (str(link.get("switch")), int(link.get("port", 0)))
     return found
 

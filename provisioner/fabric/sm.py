@@ -68,8 +68,12 @@ def port_guid_from_gid(gid: str) -> str:
 
 
 def read_sminfo(text: str) -> SmInfo:
-    """An ``sminfo`` line through the shared parser."""
+    """An ``sminfo`` line through the shared parser; a failed run or a line cut by a filter is a ParseError."""
     rec = parse("sminfo", text)
+    if not rec["ok"]:
+        raise ParseError(f"sminfo failed: {rec['error']}")
+    if rec["lid"] is None or rec["guid"] is None:
+        raise ParseError(f"sminfo printed no sm lid and guid: {text.strip()[:120]!r}")
     return SmInfo(
         guid=norm_guid(str(rec["guid"])),
         lid=int(rec["lid"]),

@@ -83,6 +83,32 @@ def to_int(raw: str) -> int | None:
         return None
 
 
+#: libibmad/libibnetdisc's own error prefixes, and ``IBEXIT``'s ``<tool>: iberror: failed: ...`` (the tool's name
+#: as in argv[0], so possibly with a path: ``/usr/sbin/ibnetdiscover: iberror: failed: discover failed``).
+_DIAG_PREFIXES = ("ibwarn:", "ibpanic:", "iberror:")
+#: ``IBND_ERROR``/``IBWARN`` in libraries built with file/line prefixes:
+#: ``src/query_smp.c:199; umad (DR path ...) bad status 110; Connection timed out``,
+#: ``/var/tmp/OFED_topdir/BUILD/rdma-core-2307mlnx47/libibnetdisc/ibnetdisc.c:802; can't open MAD port ((null):0)``.
+_SRC_LINE_RE = re.compile(r"^\S+\.c:\d+; \S")
+
+
+def diag_error_line(stripped: str, tool: str) -> bool:
+    """True for an infiniband-diags error line: ``ibwarn:``/``ibpanic:``/``iberror:``, ``<tool>: iberror: ...``
+    (with or without a path before the tool's name) and the libraries' ``file.c:NNN; message`` lines."""
+    if stripped.startswith(_DIAG_PREFIXES) or _SRC_LINE_RE.match(stripped):
+        return True
+    head, sep, _ = stripped.partition(": iberror:")
+    return bool(sep) and head.rsplit("/", 1)[-1] == tool
+
+
+def iberror_text(stripped: str, tool: str) -> str | None:
+    """The message of ``<tool>: iberror: failed: <message>`` (IBEXIT's last word), else None."""
+    head, sep, rest = stripped.partition(": iberror:")
+    if not sep or head.rsplit("/", 1)[-1] != tool:
+        return None
+    return rest.strip().removeprefix("failed:").strip() or rest.strip()
+
+
 def require_text(tool: str, text: str) -> str:
     """Reject empty or binary input up front, with the one-line message the CLI prints."""
     if not text or not text.strip():

@@ -5,7 +5,10 @@ its kind (``node_type``: ``switch`` or ``ca`` from the block header; ``None`` in
 form, which has no header), port state and physical state, width, the lane signalling speed as printed
 (``25.78125 Gbps``) and the nominal data rate derived from it (4X x 25 = 100 Gb/s, the
 figure ibstat would print). ``(Could be ...)`` hints from iblinkinfo — the link trained
-below what both ends support — become warnings.
+below what both ends support — become warnings. A Down port has no link and so no ``rate_gbps``; older
+iblinkinfo still printed a width and speed for it (``==( 4X 2.5 Gbps   Down/Disabled)==>``), kept as
+printed. Piped through grep (``iblinkinfo | grep Up``) the block headers are gone: those ports come out
+with ``switch``/``node_type`` null and a warning, never under a guessed node.
 """
 
 from __future__ import annotations
@@ -29,7 +32,11 @@ _LANE_NOMINAL = {
     212.5: 200.0,
 }
 
-_NODE_RE = re.compile(r"^(?P<kind>Switch|CA):\s+(?:(?P<guid>0x[0-9a-fA-F]+)\s+)?(?P<name>.*?):?\s*$")
+#: ``Switch: 0x<guid> <name>:`` / ``CA: <name>:``; iblinkinfo of 2010 (infiniband-diags 1.5) printed the switch
+#: header without the colon after the word: ``Switch 0x0008f10500380136 IBM HSSM:``.
+_NODE_RE = re.compile(
+    r"^(?P<kind>Switch|CA)(?::\s+|\s+(?=0x))(?:(?P<guid>0x[0-9a-fA-F]+)\s+)?(?P<name>.*?):?\s*$"
+)
 _LINK_RE = re.compile(
     r"^\s*(?:0x[0-9a-fA-F]+\s+)?(?:\"(?P<lname>[^\"]*)\"\s+)?(?:\d+\s+)?(?P<port>\d+)\[[^\]]*\]\s*"
     r"==\(\s*(?:(?P<width>\d+)X\s+(?P<speed>[\d.]+)\s*Gbps\s*(?:\([^)]*\)\s*)?)?"
@@ -51,6 +58,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
     warnings: list[str] = []
     node: str | None = None
     kind: str | None = None
+    headerless = False
     for line in text.splitlines():
         n = _NODE_RE.match(line.strip())
         if n and "==(" not in line:
@@ -61,6 +69,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
         if not m:
             continue
         owner = m.group("lname").strip() if m.group("lname") is not None else node
+        headerless = headerless or owner is None
         width = int(m.group("width")) if m.group("width") else None
         speed = to_float(m.group("speed")) if m.group("speed") else None
         nominal = _nominal(speed)
@@ -73,7 +82,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
             "physical_state": norm_phys_state(m.group("phys")),
             "width": f"{width}X" if width else None,
             "lane_speed_gbps": speed,
-            "rate_gbps": width * nominal if width and nominal else None,
+            "rate_gbps": width * nominal if width and nominal and norm_state(m.group("state")) != "down" else None,
             "peer": peer,
             "peer_port": int(m.group("pport")) if m.group("pport") else None,
         }
@@ -83,4 +92,7 @@ def parse_iblinkinfo(text: str) -> dict[str, Any]:
             warnings.append(f"{owner} port {rec['port']}: {hint}")
     if not links:
         raise ParseError("iblinkinfo: no '<port>[ ] ==( ... )==> ...' link line found")
+    if headerless:
+        warnings.insert(0, "link lines before any 'CA:'/'Switch:' header (filtered output?): "
+                           "the node those ports belong to is unknown (switch: null)")
     return {"tool": "iblinkinfo", "links": links, "warnings": warnings}

@@ -11,6 +11,10 @@ link (ibnetdiscover prints no line for a port that is down), next to ``num_ports
 Every physical link is printed twice (once from each end), so links are reported once,
 keyed on the unordered pair of (node GUID, port). The trailing ``4xEDR`` is the *active*
 width and speed, which is where a link that trained narrow (``1xSDR``) shows up.
+
+A run that failed before printing any node (``ibnetdiscover: iberror: failed: discover failed`` after the
+library's ``ibwarn:``/``ibnetdisc.c:802; can't open MAD port`` lines) is ibnetdiscover's output too: ``ok``
+false, ``error`` the iberror message, every error line in ``errors``.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import re
 from typing import Any
 
 from provisioner.errors import ParseError
-from provisioner.parsers._common import norm_guid, require_text
+from provisioner.parsers._common import diag_error_line, iberror_text, norm_guid, require_text
 from provisioner.spec.catalog import IB_SPEEDS
 
 #: Per-lane data rate (Gb/s) of each speed name, for the nominal link rate.
@@ -92,7 +96,7 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
     node: dict[str, Any] | None = None
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith(("ibwarn:", "ibpanic:", "iberror:")):
+        if diag_error_line(stripped, "ibnetdiscover"):
             errors.append(stripped)
             continue
         n = _NODE_RE.match(line)
@@ -135,7 +139,11 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
         }
         links.append(seen[key])
     if not switches and not cas:
-        raise ParseError('ibnetdiscover: no "Switch N "S-<guid>"" or "Ca N "H-<guid>"" node line found')
+        failure = next((msg for e in errors if (msg := iberror_text(e, "ibnetdiscover")) is not None), None)
+        if failure is None:
+            raise ParseError('ibnetdiscover: no "Switch N "S-<guid>"" or "Ca N "H-<guid>"" node line found')
+        return {"tool": "ibnetdiscover", "ok": False, "error": failure, "switches": [], "cas": [], "links": [],
+                "errors": errors, "warnings": []}
     widest = max((_lanes(lk["width"]) for lk in links), default=0)
     for lk in links:
         if lk["width"] and _lanes(lk["width"]) < widest:
@@ -145,6 +153,8 @@ def parse_ibnetdiscover(text: str) -> dict[str, Any]:
             )
     return {
         "tool": "ibnetdiscover",
+        "ok": True,
+        "error": None,
         "switches": switches,
         "cas": cas,
         "links": links,

@@ -25,7 +25,7 @@ import re
 from typing import Any
 
 from provisioner.errors import ParseError
-from provisioner.parsers._common import norm_guid, require_text
+from provisioner.parsers._common import diag_error_line, norm_guid, require_text
 
 _NODE_RE = re.compile(r'^Errors for (?:(?P<guid>0x[0-9a-fA-F]+) )?"(?P<name>.*)"\s*$')
 _PORT_RE = re.compile(r"^\s+GUID (?P<guid>0x[0-9a-fA-F]+) port (?P<port>ALL|\d+):(?P<rest>.*)$")
@@ -44,7 +44,7 @@ def parse_ibqueryerrors(text: str) -> dict[str, Any]:
     errors: list[str] = []
     for line in text.splitlines():
         stripped = line.strip()
-        if stripped.startswith(("ibwarn:", "ibpanic:", "iberror:")) or stripped in ("discover failed",):
+        if diag_error_line(stripped, "ibqueryerrors") or stripped in ("discover failed",):
             errors.append(stripped)
             continue
         n = _NODE_RE.match(stripped)

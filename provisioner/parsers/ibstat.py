@@ -135,7 +135,11 @@ def parse_ibstat(text: str) -> dict[str, Any]:
             _set_port_field(port, key, value)
         else:
             _set_device_field(dev, key, value)
-    if not devices and not any(e.startswith(("ibpanic", "ibwarn", "iberror")) for e in errors):
+    # An error-only ibstat is its own ibpanic/iberror; ibwarn lines alone, or another tool's "<tool>: iberror:"
+    # line (sminfo, ibnetdiscover), are the libraries' noise of some other diagnostic, not ibstat output.
+    own = any(e.startswith(("ibpanic", "iberror", "ibstat")) for e in errors)
+    foreign = any(": iberror:" in e and not e.split(": iberror:")[0].endswith("ibstat") for e in errors)
+    if not devices and (not own or foreign):
         raise ParseError("ibstat: no \"CA '<name>'\" block found; this is not ibstat output")
     warnings: list[str] = []
     for d in devices:

@@ -96,4 +96,7 @@ def parse_ibstatus(text: str) -> dict[str, Any]:
         where = f"{p['device']} port {p['port']}" if p["device"] is not None else "unnamed port"
         if p["state"] == "down" and p["rate_gbps"] is not None:
             warnings.append(f"{where}: port is Down, rate {p['rate_gbps']:g} is a placeholder")
+        elif p["link_layer"] == "ethernet" and p["speed"]:
+            warnings.append(f"{where}: Ethernet (RoCE) port: '{p['width']} {p['speed']}' is the kernel's InfiniBand "
+                            f"wording for {p['rate_gbps']:g} Gb/s, not an InfiniBand link")
     return {"tool": "ibstatus", "ports": ports, "warnings": warnings}

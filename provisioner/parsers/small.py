@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from provisioner.errors import ParseError
-from provisioner.parsers._common import norm_guid, require_text
+from provisioner.parsers._common import diag_error_line, iberror_text, norm_guid, require_text
 from provisioner.parsers._opensm_options import UPSTREAM_OPTIONS
 
 # --- ibdev2netdev ------------------------------------------------------------------------------
@@ -165,6 +165,8 @@ _SMINFO_RE = re.compile(
     r"sminfo:\s+sm lid\s+(?P<lid>\d+)\s+sm guid\s+(?P<guid>0x[0-9a-fA-F]+),\s*activity count\s+(?P<act>\d+)"
     r"\s+priority\s+(?P<prio>\d+)\s+state\s+(?P<code>\d+)\s+(?P<name>SMINFO_\w+)"
 )
+#: What ``sminfo | grep -o 'priority.*'`` leaves: priority (or nothing) and the state with its name.
+_SMINFO_TAIL_RE = re.compile(r"(?:^|\s)(?:priority\s+(?P<prio>\d+)\s+)?state\s+(?P<code>\d+)\s+(?P<name>SMINFO_\w+)")
 _SM_STATES = {
     "SMINFO_NOTACT": "notactive",
     "SMINFO_DISCOVER": "discovering",
@@ -173,22 +175,49 @@ _SM_STATES = {
 }
 
 
+def _sminfo_record(**fields: Any) -> dict[str, Any]:
+    rec: dict[str, Any] = {"tool": "sminfo", "ok": True, "lid": None, "guid": None, "activity_count": None,
+                           "priority": None, "state": None, "error": None, "errors": [], "warnings": []}
+    rec.update(fields)
+    return rec
+
+
 def parse_sminfo(text: str) -> dict[str, Any]:
-    """Parse ``sminfo`` (one line, sometimes wrapped by mail archives: whitespace is normalised)."""
+    """Parse ``sminfo``: the one SMInfo line, or the error a run printed instead.
+
+    The line is sometimes wrapped by mail archives (whitespace is normalised). A run that could not query
+    prints ``ibwarn:`` lines and ``sminfo: iberror: failed: <why>`` (``query`` when no SM answered,
+    ``Failed to open '(null)' port '0'`` when the umad port could not be opened): that is sminfo's output too,
+    parsed to ``ok: false`` with ``error`` (the iberror message) and every error line in ``errors``. Piped
+    through ``grep -o 'priority.*'`` only priority and state are left: lid, GUID and activity count are null,
+    with a warning.
+    """
     require_text("sminfo", text)
-    flat = " ".join(text.split())
+    lines = [line.strip() for line in text.splitlines()]
+    errors = [line for line in lines if diag_error_line(line, "sminfo")]
+    flat = " ".join(" ".join(line for line in lines if line not in errors).split())
     m = _SMINFO_RE.search(flat)
-    if not m:
-        raise ParseError("sminfo: no 'sminfo: sm lid N sm guid 0x.., activity count N ... state N' line")
-    return {
-        "tool": "sminfo",
-        "lid": int(m.group("lid")),
-        "guid": norm_guid(m.group("guid")),
-        "activity_count": int(m.group("act")),
-        "priority": int(m.group("prio")),
-        "state": _SM_STATES.get(m.group("name"), m.group("name").lower()),
-        "warnings": [],
-    }
+    if m:
+        return _sminfo_record(
+            lid=int(m.group("lid")),
+            guid=norm_guid(m.group("guid")),
+            activity_count=int(m.group("act")),
+            priority=int(m.group("prio")),
+            state=_SM_STATES.get(m.group("name"), m.group("name").lower()),
+            errors=errors,
+        )
+    failure = next((msg for line in errors if (msg := iberror_text(line, "sminfo")) is not None), None)
+    if failure is not None:
+        return _sminfo_record(ok=False, error=failure, errors=errors)
+    tail = _SMINFO_TAIL_RE.search(flat)
+    if tail and len(flat.split()) <= 6:
+        return _sminfo_record(
+            priority=int(tail.group("prio")) if tail.group("prio") else None,
+            state=_SM_STATES.get(tail.group("name"), tail.group("name").lower()),
+            warnings=["only the end of the sminfo line (filtered output?): sm lid, guid and activity count unknown"],
+        )
+    raise ParseError("sminfo: no 'sminfo: sm lid N sm guid 0x.., activity count N ... state N' line "
+                     "and no 'sminfo: iberror:' line")
 
 
 # --- opensm.conf ---------------------------------------------------------------------------------

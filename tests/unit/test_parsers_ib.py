@@ -99,7 +99,11 @@ def test_ibstatus_mixed_roce_ib_and_a_down_port() -> None:
     assert (roce["link_layer"], roce["rate_gbps"], roce["speed"]) == ("ethernet", 100.0, "EDR")
     down = out["ports"][2]
     assert (down["state"], down["physical_state"], down["rate_gbps"]) == ("down", "disabled", 100.0)
-    assert out["warnings"] == ["mlx5_2 port 1: port is Down, rate 100 is a placeholder"]
+    assert out["warnings"] == [
+        "mlx5_0 port 1: Ethernet (RoCE) port: '4X EDR' is the kernel's InfiniBand wording for 100 Gb/s, "
+        "not an InfiniBand link",
+        "mlx5_2 port 1: port is Down, rate 100 is a placeholder",
+    ]
 
 
 def test_iblinkinfo_switch_and_ca_ports() -> None:
