@@ -289,6 +289,25 @@ def test_gpu_missing_is_named_by_gpudirect(labc: Lab) -> None:
     assert_only_blamed(run, {"gpu02"})
 
 
+def test_ecc_error_is_named_by_the_watch_health_checks(labc: Lab) -> None:
+    """verify measures the fabric; an uncorrectable ECC error (and its Xid 48) is what `provision watch`'s health
+    probe takes a node out of service for: the same probe over SSH names gpu01's GPU and nothing on gpu02."""
+    from provisioner import health
+    from provisioner.remote import SshRemote, targets_from_cluster
+
+    inject(labc, "gpu01", "ecc_error", index=1, count=2)
+    try:
+        found = health.check_nodes(labc.cluster, SshRemote(targets_from_cluster(labc.cluster)), GPU_NODES)
+    finally:
+        clear(labc, "gpu01", "ecc_error")
+    problems = {n: h.problems for n, h in found.items()}
+    assert [p.split(":")[0] for p in problems["gpu01"]] == ["ecc", "xid"], problems
+    assert "(2)" in problems["gpu01"][0] and "Xid 48 (double bit ECC error)" in problems["gpu01"][1], problems
+    assert problems["gpu02"] == [] and problems["gpu03"] == [], problems
+    again = health.check_nodes(labc.cluster, SshRemote(targets_from_cluster(labc.cluster)), ["gpu01"])
+    assert again["gpu01"].problems == []  # cleared as a reboot clears it: the counter and the kernel log
+
+
 def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:
     inject(labc, "gpu03", "peermem_missing")
     try:
