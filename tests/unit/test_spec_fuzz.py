@@ -77,7 +77,11 @@ def _plain_strings(data: Any) -> list[str]:
         return [x for v in data.values() for x in _plain_strings(v)]
     if isinstance(data, list):
         return [x for v in data for x in _plain_strings(v)]
-    return [data] if isinstance(data, str) else []
+    # a string YAML would read as a number or boolean when plain ('550', '0x0001') is written quoted without the
+    # tag: it has no character a template starts with, and ansible-core would turn `!unsafe '550'` into 550
+    plain_text = isinstance(data, str) and yaml.resolver.Resolver().resolve(
+        yaml.ScalarNode, data, (True, False)) == "tag:yaml.org,2002:str"
+    return [data] if plain_text else []
 
 
 def check_render(cluster: Any) -> None:
