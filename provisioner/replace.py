@@ -63,6 +63,8 @@ NODE_PHASES = ("preflight", "repos", "ofed", "gpu_stack")
 """Converged on the replaced node alone, before the SM side (the normal run's order)."""
 AFTER_FABRIC_PHASES = ("storage",)
 SLURM_PHASE = "slurm"
+MPI_TRUST_TAG = "nccl_mpi_ssh_trust"
+"""The nccl role's node-to-node SSH tasks (roles/nccl/tasks/main.yml imports mpi_ssh.yml with this tag)."""
 """Run after storage on a node Slurm knows: it gives a reinstalled node the cluster's MUNGE key, slurm.conf and
 slurmd again."""
 SM_CONFIG_TASKS = frozenset({"Write opensm.conf", "Write partitions.conf"})
@@ -474,9 +476,15 @@ def _replace_node(
     capture = _Capture(reporter or NullReporter())
     ov = str(overlay) if overlay else None
     sms = sm_nodes(cluster)
-    plan: list[tuple[tuple[str, ...], list[str]]] = [(NODE_PHASES, [node])]
+    plan: list[tuple[tuple[str, ...], list[str], list[str]]] = [(NODE_PHASES, [node], [])]
+    gpu_peers = [n.name for n in cluster.nodes if n.gpu_count]  # the inventory's gpu_nodes group
+    if node in gpu_peers and len(gpu_peers) > 1:
+        # The new board has a new host key and makes a new mpirun user key: the peers must trust both or every
+        # multi-node NCCL run from or to it fails ("Host key verification failed", "Permission denied"). Only the
+        # nccl role's node-to-node SSH tasks run on the peers (known_hosts block, authorized keys), nothing else.
+        plan.append((("gpu_stack",), gpu_peers, [MPI_TRUST_TAG]))
     if sms:
-        plan.append((("fabric",), sms))
+        plan.append((("fabric",), sms, []))
     after: tuple[str, ...] = AFTER_FABRIC_PHASES
     slurm = cluster.spec.slurm
     if slurm is not None:
@@ -485,10 +493,10 @@ def _replace_node(
         known = spec_membership(cluster)
         if node == slurm.controller or node in {*known.in_partitions, *known.spares}:
             after = (*after, SLURM_PHASE)
-    plan.append((after, [node]))
-    for phases, hosts in plan:
+    plan.append((after, [node], []))
+    for phases, hosts, tags in plan:
         label = ",".join(hosts)
-        journal = run(spec, RunOptions(only=list(phases), limit=label, overlay=ov), state_dir=sdir,
+        journal = run(spec, RunOptions(only=list(phases), limit=label, overlay=ov, tags=tags), state_dir=sdir,
                       reporter=capture)
         _record_phases(result, journal, label)
         if journal.status != "passed":

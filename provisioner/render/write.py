@@ -58,7 +58,8 @@ def _reads_as_text(value: str) -> bool:
     it were plain, ignoring its quotes: ``!unsafe '550'`` loads as the integer 550, ``!unsafe '0x8001'`` as 32769,
     ``!unsafe 'on'`` as True. Such a string has no character Jinja could start a template with, so it is written
     quoted without the tag and stays a string; every other string gets ``!unsafe``."""
-    return _RESOLVER.resolve(yaml.ScalarNode, value, (True, False)) == _STR_TAG
+    tag: str = _RESOLVER.resolve(yaml.ScalarNode, value, (True, False))  # type: ignore[no-untyped-call]
+    return tag == _STR_TAG
 
 
 def _plain(data: Any) -> Any:

@@ -290,8 +290,8 @@ def test_gpu_missing_is_named_by_gpudirect(labc: Lab) -> None:
 
 
 def test_ecc_error_is_named_by_the_watch_health_checks(labc: Lab) -> None:
-    """verify measures the fabric; an uncorrectable ECC error (and its Xid 48) is what `provision watch`'s health
-    probe takes a node out of service for: the same probe over SSH names gpu01's GPU and nothing on gpu02."""
+    """verify measures the fabric; an uncorrectable ECC error is what `provision watch`'s health probe takes a node
+    out of service for: the same probe over SSH names gpu01's GPU and nothing on gpu02 or gpu03."""
     from provisioner import health
     from provisioner.remote import SshRemote, targets_from_cluster
 
@@ -301,8 +301,8 @@ def test_ecc_error_is_named_by_the_watch_health_checks(labc: Lab) -> None:
     finally:
         clear(labc, "gpu01", "ecc_error")
     problems = {n: h.problems for n, h in found.items()}
-    assert [p.split(":")[0] for p in problems["gpu01"]] == ["ecc", "xid"], problems
-    assert "(2)" in problems["gpu01"][0] and "Xid 48 (double bit ECC error)" in problems["gpu01"][1], problems
+    assert problems["gpu01"] and problems["gpu01"][0].startswith("ecc: uncorrectable ECC errors on "), problems
+    assert "(2)" in problems["gpu01"][0], problems  # the Xid 48 line is judged in tests/unit/test_health.py
     assert problems["gpu02"] == [] and problems["gpu03"] == [], problems
     again = health.check_nodes(labc.cluster, SshRemote(targets_from_cluster(labc.cluster)), ["gpu01"])
     assert again["gpu01"].problems == []  # cleared as a reboot clears it: the counter and the kernel log

@@ -365,10 +365,12 @@ def _journal(opts: RunOptions, status: str = "passed", aside: dict[str, dict[str
 class ScriptedRuns:
     def __init__(self, fail_at: str | None = None) -> None:
         self.calls: list[tuple[list[str], str | None]] = []
+        self.tags: list[list[str]] = []
         self.fail_at = fail_at
 
     def __call__(self, spec: Path, options: RunOptions, **kwargs: Any) -> RunJournal:
         self.calls.append((list(options.only), options.limit))
+        self.tags.append(list(options.tags))
         if self.fail_at in options.only:
             aside = {options.limit or "": {"phase": self.fail_at, "state": "failed", "reason": "apt broke"}}
             return _journal(options, "partial", aside)
@@ -404,8 +406,10 @@ def test_replace_node_steps_in_order_limited_to_the_node_and_the_sm(spec: Path, 
     runs = ScriptedRuns()
     result = replace_node(spec, "gpu01", state_dir=state, accept_new_host_key=True, run=runs,
                           remote_factory=lambda t: scripted["remote"], verifier=scripted["verifier"])
-    assert runs.calls == [(["preflight", "repos", "ofed", "gpu_stack"], "gpu01"), (["fabric"], "sm1"),
-                          (["storage"], "gpu01")]
+    # the GPU peers get only the nccl role's node-to-node SSH tasks: they must trust the new host and user keys
+    assert runs.calls == [(["preflight", "repos", "ofed", "gpu_stack"], "gpu01"),
+                          (["gpu_stack"], "gpu01,gpu02,gpu03,gpu04"), (["fabric"], "sm1"), (["storage"], "gpu01")]
+    assert runs.tags == [[], ["nccl_mpi_ssh_trust"], [], []]
     assert scripted["verified"] == [("gpu01", ["gpu02", "gpu03"])]
     assert [(c.key, c.old, c.new) for c in result.changes] == [("mlx5_0/1", "0x0000000000000abc",
                                                                 "0x248a07030049aee0")]
