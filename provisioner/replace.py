@@ -9,11 +9,13 @@ manager's partition members, its own ``guid`` when the node is an SM) must follo
    commented out and the new one added; the hardware history keeps old → new fingerprints. Never automatic.
 2. **Hardware.** Port GUIDs (``ibstat``), node GUIDs and board ids (sysfs), GPU serials (``nvidia-smi``) and
    the board serial (DMI, where readable) are read over SSH and recorded: the history says old → new.
-3. **Converge the node only**: the node phases of the run engine with ``--limit NODE``.
+3. **Converge the node only**: the node phases of the run engine with ``--limit NODE``; the GPU peers then run
+   only the nccl role's node-to-node SSH tasks (they must trust the new host key and the new mpirun user key).
 4. **The SM side**: the fabric phase limited to the SM nodes. The opensm role reads the members' port GUIDs
    live, so partitions.conf is re-rendered with the new ones; a changed partitions.conf reaches the running SMs
    by SIGHUP (a heavy sweep re-reads it), with no restart and no change of master. Only an opensm.conf option
-   that a running SM cannot take (e.g. the ``guid`` of a replaced SM node) restarts SMs, standbys first.
+   that a running SM cannot take (e.g. the ``guid`` of a replaced SM node) restarts SMs, standbys first. Then
+   the node's own fabric phase (IPoIB, and NCCL_IB_PKEY from the P_Key table the SM has just programmed).
 5. **Verify the node against healthy peers**: links and versions on it, bandwidth against each peer on every
    rail (full mode on the small set, so each node–peer pair is measured), GPUDirect with a peer, NCCL across
    it and its peers. The report lands under ``<state>/replace/<node>/<time>/``.
@@ -485,6 +487,10 @@ def _replace_node(
         plan.append((("gpu_stack",), gpu_peers, [MPI_TRUST_TAG]))
     if sms:
         plan.append((("fabric",), sms, []))
+    if node not in sms:
+        # the node's own fabric phase once the SM knows its new port GUIDs: IPoIB, RoCE QoS, and NCCL_IB_PKEY,
+        # an index in the P_Key table the SM programs only after its partitions name the new ports
+        plan.append((("fabric",), [node], []))
     after: tuple[str, ...] = AFTER_FABRIC_PHASES
     slurm = cluster.spec.slurm
     if slurm is not None:

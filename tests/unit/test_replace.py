@@ -408,8 +408,9 @@ def test_replace_node_steps_in_order_limited_to_the_node_and_the_sm(spec: Path, 
                           remote_factory=lambda t: scripted["remote"], verifier=scripted["verifier"])
     # the GPU peers get only the nccl role's node-to-node SSH tasks: they must trust the new host and user keys
     assert runs.calls == [(["preflight", "repos", "ofed", "gpu_stack"], "gpu01"),
-                          (["gpu_stack"], "gpu01,gpu02,gpu03,gpu04"), (["fabric"], "sm1"), (["storage"], "gpu01")]
-    assert runs.tags == [[], ["nccl_mpi_ssh_trust"], [], []]
+                          (["gpu_stack"], "gpu01,gpu02,gpu03,gpu04"), (["fabric"], "sm1"), (["fabric"], "gpu01"),
+                          (["storage"], "gpu01")]
+    assert runs.tags == [[], ["nccl_mpi_ssh_trust"], [], [], []]
     assert scripted["verified"] == [("gpu01", ["gpu02", "gpu03"])]
     assert [(c.key, c.old, c.new) for c in result.changes] == [("mlx5_0/1", "0x0000000000000abc",
                                                                 "0x248a07030049aee0")]
