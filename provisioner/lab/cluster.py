@@ -468,6 +468,16 @@ def lab_up(
         host_keys = dict(zip(ready, pool.map(lambda h: _prepare_node(cluster, h, pub_key, umads[h]), ready),
                              strict=True))
 
+    reachable = {h: addresses[h] for h in ready}
+    network.flush_neighbours([addresses[h] for h in created if h in reachable])
+    progress("checking that every node answers SSH on its lab address")
+    silent = network.wait_for_ssh(reachable)
+    if silent:
+        raise LabError("lab node(s) up but not reachable from this host: "
+                       + "; ".join(f"{h}: {why}" for h, why in sorted(silent.items())),
+                       hint=f"look at the bridge of podman network {NETWORK} (ip -br link; ip neigh); "
+                            f"recreate the lab: provision lab down {cluster}; provision lab up <spec>")
+
     known_hosts = state_dir / "ssh" / "known_hosts"
     recorded = parse_known_hosts(known_hosts.read_text(encoding="utf-8")) if known_hosts.is_file() else {}
     entries: dict[str, tuple[str, str]] = {}
