@@ -549,7 +549,7 @@ def verify(
     base_path = root / "baseline.json"
     size = cluster.spec.verify.bandwidth.message_size
     drift = baseline.compare(baseline.load(base_path), v.matrix, size, v.nccl_busbw)
-    checks = reach.settle(v.checks, v.lost)
+    checks = reach.settle(links.blame_flapping_ends(v.checks, cluster), v.lost)
     if v.matrix or v.nccl_busbw is not None:
         checks.append(CheckResult.from_findings(baseline.CHECK, None, drift))
     peers = {node: group for group, nodes in peer_groups(cluster).items() for node in nodes}

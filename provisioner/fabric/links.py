@@ -20,9 +20,9 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from provisioner.fabric.findings import Finding, Severity
+from provisioner.fabric.findings import CheckResult, Finding, Severity
 from provisioner.spec.catalog import IB_SPEEDS, WIDTHS
-from provisioner.spec.cluster import Node, Port
+from provisioner.spec.cluster import Cluster, Node, Port
 
 CHECK = "links"
 
@@ -37,6 +37,8 @@ PROBE_SCRIPT = (f"ibstat; rc=$?; echo '{IBSTATUS_MARK}'; ibstatus 2>&1; echo '{C
 is ibstat's, so an unreachable or broken node reads as before."""
 
 FLAP_COUNTERS = ("link_downed", "link_error_recovery")
+#: ``expected`` of the error a port gets when its flap counters grew while verify ran
+FLAPPED_DURING_RUN = "no link drops during verify"
 ERROR_THRESHOLDS: dict[str, int] = {
     "symbol_error": 10,
     "port_rcv_errors": 10,
@@ -226,7 +228,7 @@ def _flap_finding(node: str, p: Port, before: Mapping[str, int], after: Mapping[
     if after is not None and _flaps(after) > _flaps(before):
         moved = ", ".join(f"{n} {before.get(n, 0)} -> {after.get(n, 0)}" for n in FLAP_COUNTERS
                           if after.get(n, 0) != before.get(n, 0))
-        return _f(node, p, "error", "no link drops during verify", moved,
+        return _f(node, p, "error", FLAPPED_DURING_RUN, moved,
                   f"{p.device}/{p.port} flapped during this verify run ({moved})",
                   "the link is unstable right now: reseat or replace the cable and transceiver, check the switch "
                   "port (mlxlink -d <dev> shows lanes and errors). Counts that grow while verify runs are an error; "
@@ -313,3 +315,59 @@ def port_guids(ibstat: Mapping[str, Any]) -> dict[str, str]:
 def firmware(ibstat: Mapping[str, Any]) -> dict[str, str]:
     """``{device: firmware version}`` as ibstat reports it."""
     return {str(d.get("name")): str(d["firmware"]) for d in ibstat.get("devices", []) if d.get("firmware")}
+
+
+PAIRWISE_CHECK = "pairwise_bandwidth"
+
+
+def blame_flapping_ends(checks: Iterable[CheckResult], cluster: Cluster) -> list[CheckResult]:
+    """Name the flapping end of a failed pair instead of "the link or route between them".
+
+    A port that drops the link now and then fails only some ``ib_write_bw`` runs over it, so the pairwise
+    schedule can see one failed pair whose two ends both pass with other nodes and can only blame the route
+    between them. When the end-of-run counters show that exactly one end's port on that rail flapped during
+    this run, that port is the cause: the pair's finding is given to it (``node`` that end, ``peer`` the other).
+    With both ends or neither flapping the finding stays as it was.
+    """
+    results = list(checks)
+    flapped = {(f.node, f.device) for c in results if c.name == CHECK for f in c.findings
+               if f.severity == "error" and f.expected == FLAPPED_DURING_RUN and f.node and f.device}
+    if not flapped:
+        return results
+
+    def device_on_rail(node: str, rail: int) -> str | None:
+        try:
+            ports = cluster.node(node).ports
+        except KeyError:
+            return None
+        return next((p.device for p in ports if p.rail == rail), None)
+
+    def reattributed(f: Finding) -> Finding:
+        if f.check != PAIRWISE_CHECK or f.severity != "error" or f.peer is None or f.node is None or f.rail is None:
+            return f
+        ends = [(n, device_on_rail(n, f.rail)) for n in (f.node, f.peer)]
+        guilty = [(n, d) for n, d in ends if d is not None and (n, d) in flapped]
+        if len(guilty) != 1:
+            return f
+        node, device = guilty[0]
+        other = f.peer if node == f.node else f.node
+        return Finding(
+            check=f.check, severity="error", node=node, device=device, port=None, expected=f.expected,
+            observed=f"failed with {other}; {node} {device} flapped during the run",
+            message=f"{node} rail {f.rail}: the run with {other} failed while {node}'s {device} flapped "
+                    "(its link counters grew during this verify run)",
+            hint="the link is unstable: reseat or replace this port's cable and transceiver and check the switch "
+                 "port (mlxlink -d <dev>); the other end passed with other nodes",
+            rail=f.rail, peer=other,
+        )
+
+    out: list[CheckResult] = []
+    for c in results:
+        if c.name != PAIRWISE_CHECK or not c.findings:
+            out.append(c)
+            continue
+        found = tuple(reattributed(f) for f in c.findings)
+        out.append(c if found == c.findings else CheckResult(
+            name=c.name, node=c.node, passed=c.passed, findings=found, measurements=c.measurements,
+            error=c.error, skipped=c.skipped))
+    return out

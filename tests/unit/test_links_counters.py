@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
-from provisioner.fabric import links
+from provisioner.fabric import links, schedule
+from provisioner.fabric.findings import CheckResult
 from provisioner.lab import faults, hardware
 from provisioner.lab.hardware import LabHca, LabNodeSpec
 from provisioner.lab.simtools import fabsim_common, labstate
@@ -201,3 +203,55 @@ def test_a_swapped_board_counts_from_zero() -> None:
     labstate.add_counters(node["hcas"][0], {"symbol_error": 7})
     hardware.regenerate_identity(node, 1, set())
     assert labstate.port_counters(node["hcas"][0])["symbol_error"] == 0
+
+
+# ---------------------------------------------------------------- a flapping end of a failed pair
+
+
+SPEC3 = SPEC.replace('"gpu[01-02]", address: "10.0.0.[1-2]"', '"gpu[01-03]", address: "10.0.0.[1-3]"')
+
+
+def _pair_failed_once(bad: tuple[str, str], rail: int) -> list[schedule.Finding]:
+    """The pairwise schedule on three nodes where only the pair ``bad`` failed on ``rail`` (a port that drops
+    the link in some runs fails some pairs and not others): it blames the link between the two."""
+    def measure(rnd: schedule.Round, rails: Sequence[int]) -> list[schedule.PairResult]:
+        return [schedule.PairResult(p, r, passed={p.server, p.client} != set(bad) or r != rail)
+                for p in rnd.pairs for r in rails]
+    _, loc = schedule.run_quick(["gpu01", "gpu02", "gpu03"], [0, 1], measure)
+    return schedule.verdict_findings(loc, device_by_rail={0: "mlx5_0", 1: "mlx5_1"})
+
+
+def _flap_results(c: Cluster, node: str, device: str) -> list[CheckResult]:
+    before = {(device, 1): {"link_downed": 0, "link_error_recovery": 0}}
+    after = {(device, 1): {"link_downed": 1, "link_error_recovery": 1}}
+    return [CheckResult.from_findings(links.CHECK, node, links.counter_findings(c.node(node), before, after))]
+
+
+def test_a_failed_pair_is_given_to_the_end_whose_port_flapped_during_the_run() -> None:
+    c = load_text(SPEC3, "cluster.yaml").cluster
+    assert c is not None
+    found = _pair_failed_once(("gpu01", "gpu03"), 1)
+    assert [(f.node, f.peer, f.rail) for f in found] == [("gpu01", "gpu03", 1)]
+    assert "link or route between them" in found[0].message
+    pairwise = CheckResult.from_findings(links.PAIRWISE_CHECK, None, found)
+    out = links.blame_flapping_ends([*_flap_results(c, "gpu03", "mlx5_1"), pairwise], c)
+    moved = out[1].findings
+    assert [(f.severity, f.node, f.device, f.peer, f.rail) for f in moved] == [("error", "gpu03", "mlx5_1", "gpu01", 1)]
+    assert "gpu03's mlx5_1 flapped" in moved[0].message
+    assert not out[1].passed and out[0] == _flap_results(c, "gpu03", "mlx5_1")[0]
+
+
+def test_a_failed_pair_stays_on_the_link_when_the_flap_is_on_another_rail_or_on_both_ends() -> None:
+    c = load_text(SPEC3, "cluster.yaml").cluster
+    assert c is not None
+    pairwise = CheckResult.from_findings(links.PAIRWISE_CHECK, None, _pair_failed_once(("gpu01", "gpu03"), 1))
+    other_rail = links.blame_flapping_ends([*_flap_results(c, "gpu03", "mlx5_0"), pairwise], c)
+    assert other_rail[1] is pairwise
+    both = links.blame_flapping_ends(
+        [*_flap_results(c, "gpu03", "mlx5_1"), *_flap_results(c, "gpu01", "mlx5_1"), pairwise], c)
+    assert both[2] is pairwise
+    # a warning for counts from before the run is no evidence about this run's failure
+    old = {("mlx5_1", 1): {"link_downed": 3, "link_error_recovery": 0}}
+    warned = CheckResult.from_findings(links.CHECK, "gpu03", links.counter_findings(c.node("gpu03"), old, old))
+    assert [f.severity for f in warned.findings] == ["warning"]
+    assert links.blame_flapping_ends([warned, pairwise], c)[1] is pairwise
