@@ -25,6 +25,7 @@ from provisioner.fabric.schedule import PairResult, Round, judge, run_quick, ver
 from provisioner.parsers import parse
 from provisioner.remote import Completed
 from provisioner.spec.cluster import Cluster, Node
+from provisioner.spec.rules import nccl_pkey
 
 CHECK = "nccl"
 
@@ -132,15 +133,59 @@ def read_busbw(done: Completed) -> tuple[float | None, str]:
     return float(busbw), (f"{wrong} wrong results" if wrong else "")
 
 
+def pkey_groups(cluster: Cluster, nodes: Sequence[Node]) -> list[tuple[str, list[Node]]]:
+    """The nodes by the P_Key their NCCL traffic uses, each with a label (``tenant_a (P_Key 0x8001)``).
+
+    The nccl role points NCCL_IB_PKEY at the first partition a GPU node is a full member of (the default
+    partition otherwise), and a queue pair only talks to one with the same partition (IBA P_Key matching): a
+    job spanning two groups cannot connect. So NCCL is run the way jobs can run, one all-reduce per group."""
+    by_key: dict[str | None, list[Node]] = {}
+    for n in nodes:
+        by_key.setdefault(nccl_pkey(cluster, n), []).append(n)
+    names = {f"{p.pkey & 0x7FFF | 0x8000:#06x}": p.name for p in cluster.spec.fabric.partitions}
+    return [(f"{names.get(key, 'partition')} (P_Key {key})" if key else "the default partition", group)
+            for key, group in by_key.items()]
+
+
 def check_nccl(cluster: Cluster, runner: NcclRunner, *, mpirun: bool, as_root: bool) -> CheckResult:
-    """All-reduce across every GPU compute node; on a miss, pairwise follow-ups name the slow node or pair."""
-    cfg = cluster.spec.verify.nccl
+    """All-reduce across the GPU compute nodes, one run per P_Key group (:func:`pkey_groups`); on a miss,
+    pairwise follow-ups name the slow node or pair."""
     nodes = sorted((n for n in cluster.nodes_with_role("compute") if n.gpu_count), key=lambda n: n.name)
     if len(nodes) < 2:
         return CheckResult.could_not_run(CHECK, None, f"needs two GPU compute nodes, found {len(nodes)}")
     if not mpirun:
         return CheckResult.could_not_run(CHECK, None, f"no mpirun on {nodes[0].name}: multi-node nccl-tests need "
                                          "an MPI launcher (the nccl role installs Open MPI, nccl_mpi_install)")
+    groups = pkey_groups(cluster, nodes)
+    if len(groups) == 1:
+        return _check_group(cluster, nodes, runner, as_root=as_root)
+    runnable = [(label, group) for label, group in groups if len(group) >= 2]
+    if not runnable:
+        return CheckResult.could_not_run(CHECK, None, "no two GPU compute nodes share a partition for NCCL: "
+                                         + "; ".join(f"{', '.join(n.name for n in g)} in {label}"
+                                                     for label, g in groups))
+    findings: list[Finding] = []
+    measurements: dict[str, float | int | str | None] = {"nodes": len(nodes), "groups": len(groups)}
+    figures: list[float | None] = []
+    for label, group in groups:
+        names = ", ".join(n.name for n in group)
+        if len(group) < 2:
+            findings.append(Finding(CHECK, "info", group[0].name, None, None, "another node in its partition",
+                                    label, f"{names}: the only GPU node whose NCCL traffic uses {label}; "
+                                    "no multi-node all-reduce can include it", ""))
+            continue
+        part = _check_group(cluster, group, runner, as_root=as_root)
+        findings += [replace(f, message=f"{label}: {f.message}") for f in part.findings]
+        busbw = part.measurements.get("busbw_gbps")
+        measurements[f"busbw_gbps {label}"] = busbw
+        figures.append(float(busbw) if isinstance(busbw, int | float) else None)
+    # the cluster's figure (the baseline's) is the slowest group's; none when any group's run failed
+    measurements["busbw_gbps"] = None if None in figures else min(f for f in figures if f is not None)
+    return CheckResult.from_findings(CHECK, None, findings, measurements)
+
+
+def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, *, as_root: bool) -> CheckResult:
+    cfg = cluster.spec.verify.nccl
     gpus = min(n.gpu_count for n in nodes)
     names = [n.name for n in nodes]
     address = {n.name: n.address for n in nodes}

@@ -16,7 +16,7 @@ from typing import Any
 from provisioner.render import ipoib as ipoib_render
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.ipoib import nfs_server_address
-from provisioner.spec.rules import members
+from provisioner.spec.rules import members, nccl_pkey
 
 OS_CODENAMES = {"ubuntu-22.04": "jammy", "ubuntu-24.04": "noble", "debian-12": "bookworm"}
 OS_REPO_PATHS = {"ubuntu-22.04": "ubuntu2204", "ubuntu-24.04": "ubuntu2404", "debian-12": "debian12"}
@@ -72,21 +72,6 @@ def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
     if rails and node.gpu_count and cluster.spec.gpudirect.mode == "dmabuf":
         env["NCCL_DMABUF_ENABLE"] = "1"  # the default, said explicitly: dmabuf mode loads no nvidia_peermem
     return env
-
-
-def _nccl_pkey(cluster: Cluster, node: Node) -> str | None:
-    """P_Key NCCL should use on a GPU node: the first partition (spec order) it is a full member of.
-
-    NCCL_IB_PKEY takes the *index* in the port's P_Key table (net_ib.cc: ``qpAttr.pkey_index``), which the
-    SM decides; the nccl role looks the key up in /sys/class/infiniband/<dev>/ports/<n>/pkeys/ on the node.
-    """
-    if not node.gpu_count or not node.rail_ports or cluster.spec.fabric.type != "infiniband":
-        return None
-    for part in cluster.spec.fabric.partitions:
-        full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
-        if full and node.name in members(part.members, cluster):
-            return f"{part.pkey & 0x7FFF | 0x8000:#06x}"
-    return None
 
 
 def _roce_profile_vars(cluster: Cluster, node: Node) -> dict[str, Any]:
@@ -252,7 +237,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "nfs_server_exports": exports_by_host.get(n.name, []),
             "lustre_client_mounts": lustre_by_host.get(n.name, []),
             "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["member_set"]],
-            "nccl_ib_pkey": _nccl_pkey(cluster, n),
+            "nccl_ib_pkey": nccl_pkey(cluster, n),
             "ipoib_interfaces": ipoib_ifs.get(n.name, []),
             "nfs_server_rdma": n.name in rdma_servers,
         }

@@ -718,6 +718,21 @@ def _ipoib_port(c: Cluster, rep: Reporter, r: Rule) -> None:
                              "Linux refuses longer interface names; rename the parent netdev (udev)")
 
 
+def nccl_pkey(cluster: Cluster, node: Node) -> str | None:
+    """P_Key NCCL should use on a GPU node: the first partition (spec order) it is a full member of.
+
+    NCCL_IB_PKEY takes the *index* in the port's P_Key table (net_ib.cc: ``qpAttr.pkey_index``), which the
+    SM decides; the nccl role looks the key up in /sys/class/infiniband/<dev>/ports/<n>/pkeys/ on the node.
+    """
+    if not node.gpu_count or not node.rail_ports or cluster.spec.fabric.type != "infiniband":
+        return None
+    for part in cluster.spec.fabric.partitions:
+        full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
+        if full and node.name in members(part.members, cluster):
+            return f"{part.pkey & 0x7FFF | 0x8000:#06x}"
+    return None
+
+
 def _addresses(c: Cluster, rep: Reporter, expr: str, count: int, path: Path) -> list[str] | None:
     try:
         addrs = hostlist.expand(expr)

@@ -140,6 +140,10 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     # (the example's eight would carry the three flows of a leaf even with a few gone).
     text = EXAMPLE.read_text().replace("cluster: {name: lab,", f"cluster: {{name: {NAME},")
     text = text.replace("uplinks: 8}", "uplinks: 3}")
+    # every GPU node in tenant_a: NCCL runs one all-reduce per P_Key (a job cannot span two), and the slow-node
+    # follow-up needs three nodes in one run
+    text = text.replace('members: "gpu[01-02]"', 'members: "gpu[01-03]"').replace('"10.31.0.[11-12]"',
+                                                                                 '"10.31.0.[11-13]"')
     spec.write_text(text + "  tests: [links, ipoib, bandwidth, gpudirect, nccl, cabling]\n")
     base, _ = load_cluster(spec)
 

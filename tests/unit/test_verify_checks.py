@@ -591,3 +591,66 @@ def test_bandwidth_without_perftest_could_not_run() -> None:
     c = cluster_from(IB)
     out = check_bandwidth(c, lambda s, cl, rail: read_result(127, "", "timeout: failed to run command 'ib_write_bw'"))
     assert not out.result.ran and "not installed" in (out.result.error or "")
+
+
+def _partitioned(parts: str) -> Any:
+    return cluster_from(IB.replace("count: 2}", "count: 8}").replace(
+        "  subnet_manager:", f"  partitions: [{parts}]\n  subnet_manager:"))
+
+
+def test_nccl_runs_once_per_partition_because_a_job_cannot_span_two_p_keys() -> None:
+    """NCCL_IB_PKEY differs between partitions (the nccl role points it at the node's first full partition), and
+    queue pairs of different partitions do not connect: one run over all nodes would fail on a healthy fabric."""
+    real = load("nccl-tests", "a3mega_16rank_allreduce.txt")  # 2 nodes x 8 H100: each group's shape
+    hostfiles: list[str] = []
+
+    def runner(hosts: Any, argv: Any, env: dict[str, str]) -> Completed:
+        hostfiles.append(" ".join(line.split()[0] for line in argv[-1].split("printf %s '")[1].split("'")[0].split("\n")
+                                  if line))
+        return Completed(0, real, "")
+
+    c = _partitioned('{name: tenant_a, pkey: 0x8001, members: "gpu[01-02]"}, '
+                     '{name: tenant_b, pkey: 0x8002, members: "gpu[03-04]"}')
+    assert [(label, [n.name for n in g]) for label, g in nccl.pkey_groups(c, c.nodes_with_role("compute"))] == [
+        ("tenant_a (P_Key 0x8001)", ["gpu01", "gpu02"]), ("tenant_b (P_Key 0x8002)", ["gpu03", "gpu04"])]
+    ok = nccl.check_nccl(c, runner, mpirun=True, as_root=True)
+    assert ok.passed, ok.findings
+    assert hostfiles == ["10.0.0.1 10.0.0.2", "10.0.0.3 10.0.0.4"]
+    assert ok.measurements["busbw_gbps"] == pytest.approx(338.82)
+    assert ok.measurements["busbw_gbps tenant_b (P_Key 0x8002)"] == pytest.approx(338.82)
+
+    def tenant_b_fails(hosts: Any, argv: Any, env: dict[str, str]) -> Completed:
+        if "10.0.0.3 slots=" in argv[-1]:
+            return Completed(1, "", "gpu03: Test NCCL failure common.cu:1005 'remote process exited'")
+        return Completed(0, real, "")
+
+    bad = nccl.check_nccl(c, tenant_b_fails, mpirun=True, as_root=True)
+    assert not bad.passed and bad.measurements["busbw_gbps"] is None
+    errors = [f for f in bad.findings if f.severity == "error"]
+    assert errors and all(f.message.startswith("tenant_b (P_Key 0x8002): ") for f in errors)
+
+
+def test_nccl_a_node_alone_in_its_partition_is_said_and_the_rest_still_run() -> None:
+    real = load("nccl-tests", "a3mega_16rank_allreduce.txt")
+    runs: list[str] = []
+
+    def runner(hosts: Any, argv: Any, env: dict[str, str]) -> Completed:
+        runs.append(argv[-1])
+        return Completed(0, real, "")
+
+    # tenant_a for gpu[01-02]; gpu03 and gpu04 stay in the default partition: two groups of two
+    two = nccl.check_nccl(_partitioned('{name: tenant_a, pkey: 0x8001, members: "gpu[01-02]"}'), runner,
+                          mpirun=True, as_root=True)
+    assert two.passed and len(runs) == 2 and "busbw_gbps the default partition" in two.measurements
+    runs.clear()
+    c = _partitioned('{name: tenant_a, pkey: 0x8001, members: "gpu[01-02]"}, '
+                     '{name: tenant_b, pkey: 0x8002, members: "gpu03"}')
+    lone = nccl.check_nccl(c, runner, mpirun=True, as_root=True)
+    # gpu03 (tenant_b) and gpu04 (default) are each alone: said as info, only tenant_a runs
+    assert len(runs) == 1 and "10.0.0.1 slots=8" in runs[0] and lone.passed
+    assert sorted((f.severity, f.node) for f in lone.findings) == [("info", "gpu03"), ("info", "gpu04")]
+    assert "the only GPU node whose NCCL traffic uses tenant_b (P_Key 0x8002)" in lone.findings[0].message
+    apart = _partitioned('{name: a, pkey: 0x8001, members: gpu01}, {name: b, pkey: 0x8002, members: gpu02}, '
+                         '{name: c, pkey: 0x8003, members: gpu03}')
+    none = nccl.check_nccl(apart, runner, mpirun=True, as_root=True)
+    assert not none.ran and none.error is not None and "no two GPU compute nodes share a partition" in none.error
