@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from provisioner import phases
 from provisioner.cli import main
+from provisioner.runner import FakeRun, PlaybookResult, fake_result
 
 ROOT = Path(__file__).resolve().parents[2]
 H100 = str(ROOT / "examples" / "h100-ndr-8node.yaml")
@@ -54,10 +56,27 @@ def test_bad_files_are_one_line_errors(capsys: pytest.CaptureFixture[str], tmp_p
     assert rc == 2 and "not UTF-8" in err and "Traceback" not in err
 
 
-def test_default_command_is_the_bring_up(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    _, _, err = run(capsys, H100, "--out", str(tmp_path))
+def test_default_command_is_the_bring_up(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`provision cluster.yaml` validates, renders and converges every phase's playbook on every node. The
+    example's nodes are not this project's lab, so no SSH may reach them: the playbooks go to a recorder."""
+    played: list[tuple[str, list[str]]] = []
+
+    def runner(playbook: Path, inventory_dir: Path, *, limit: list[str], **kw: object) -> PlaybookResult:
+        assert (inventory_dir / "hosts.yml").is_file()
+        played.append((playbook.name, sorted(limit)))
+        return fake_result(playbook.name, list(limit), FakeRun())
+
+    real = phases.provision_run
+    monkeypatch.setattr(phases, "provision_run", lambda spec, opts, **kw: real(spec, opts, runner=runner, **kw))
+    rc, _, err = run(capsys, H100, "--out", str(tmp_path), "--only", "preflight,repos,ofed,gpu_stack,fabric")
     assert (tmp_path / "inventory" / "hosts.yml").is_file()
     assert "validate: ok" in err
+    every = sorted([f"gpu{i:02d}" for i in range(1, 9)] + ["sm1", "sm2"])
+    assert [name for name, _ in played] == ["preflight.yml", "repos.yml", "ofed.yml", "gpu_stack.yml",
+                                            "fabric.yml"], err
+    assert all(hosts == every for _, hosts in played), played
+    assert rc == 0, err
 
 
 def test_render_diff(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
