@@ -193,14 +193,25 @@ class HostTally:
                 hs.changed += 1
 
     def _stats(self, data: Mapping[str, Any]) -> None:
+        """Counts from the play recap, for every host, 0 where a key leaves the host out.
+
+        The events alone overcount: a task with ``ignore_unreachable`` still sends ``runner_on_unreachable``
+        for the host that ran it (the SM node whose delegated read of a paused member failed), while the
+        recap counts it ok + ignored, not dark, and the play went on for that host."""
         self.saw_stats = True
         fields = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable",
                   "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
-        for stat_key, attr in fields.items():
-            for host, n in (data.get(stat_key) or {}).items():
-                setattr(self._host(str(host)), attr, int(n))
         for host in data.get("processed") or {}:
             self._host(str(host))
+        for stat_key in fields:
+            for host in data.get(stat_key) or {}:
+                self._host(str(host))
+        for name, hs in self.hosts.items():
+            for stat_key, attr in fields.items():
+                setattr(hs, attr, int((data.get(stat_key) or {}).get(name, 0)))
+            if not hs.failed and not hs.unreachable:
+                hs.failed_task = None
+                hs.message = None
 
 
 def summarize_events(events: Iterable[Mapping[str, Any]]) -> dict[str, HostStatus]:

@@ -237,3 +237,50 @@ def test_settings_and_cmdline(tmp_path: Path) -> None:
         "--check -e @/v/s.yml"
     deep = tmp_path / ("d" * 90)
     assert control_path_dir(deep) == Path.home() / ".ansible" / "cp"
+
+
+DELEGATING_PLAYBOOK = """\
+- name: A node reads from its peers, one of which is down
+  hosts: alpha
+  gather_facts: false
+  tasks:
+    - name: Read from every member
+      ansible.builtin.command: "true"
+      delegate_to: "{{ item }}"
+      run_once: true
+      ignore_unreachable: true
+      ignore_errors: true
+      loop: [gamma]
+    - name: Go on
+      ansible.builtin.debug:
+        msg: alpha carried on
+- name: A rescued failure
+  hosts: beta
+  gather_facts: false
+  tasks:
+    - block:
+        - name: Fail once
+          ansible.builtin.fail:
+            msg: first try
+      rescue:
+        - name: Recover
+          ansible.builtin.debug:
+            msg: recovered
+"""
+
+
+def test_an_ignored_unreachable_delegate_and_a_rescued_failure_leave_the_host_ok(workdir: Path) -> None:
+    """Real ansible-core sends runner_on_unreachable for alpha when its delegated read of gamma (refused SSH)
+    fails under ignore_unreachable, and runner_on_failed for beta's rescued task; the play recap counts both hosts
+    ok. The lab's e2e run set its SM node aside this way when a partition member was paused."""
+    playbook = workdir / "delegate.yml"
+    playbook.write_text(DELEGATING_PLAYBOOK)
+    events: list[dict[str, Any]] = []
+    result = run_playbook(playbook, workdir / "inventory.yml", private_data_dir=workdir / "pdd-delegate",
+                          event_handler=events.append, forks=3, state_dir=workdir / "state", ident="delegate")
+    kinds = {(e.get("event"), (e.get("event_data") or {}).get("host")) for e in events}
+    assert ("runner_on_unreachable", "alpha") in kinds and ("runner_on_failed", "beta") in kinds
+    assert result.hosts["alpha"].state == "ok" and result.hosts["alpha"].ignored == 1, result.hosts["alpha"]
+    assert result.hosts["beta"].state == "ok" and result.hosts["beta"].rescued == 1, result.hosts["beta"]
+    assert result.hosts["alpha"].reason == "" and result.hosts["alpha"].failed_task is None
+    assert sorted(result.ok_hosts) == ["alpha", "beta"] and result.status == "successful"
