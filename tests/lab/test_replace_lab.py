@@ -193,8 +193,11 @@ def test_replace_node_after_a_hardware_swap(lab: LabInfo, spec: Path, tmp_path: 
     summary = "\n".join(summary_lines(result))
     assert result.exit_code == 0, summary
     assert result.fingerprint == new_fp and new_fp in summary
+    # the node's own phases; the peers' MPI SSH trust of its new keys (gpu_stack, --tags nccl_mpi_ssh_trust); the
+    # SM's partitions; then the node's own fabric phase (IPoIB, NCCL_IB_PKEY from the new P_Key table) and storage
     assert [(p, h) for p, h, _ in result.phases] == [
-        ("preflight", NODE), ("repos", NODE), ("ofed", NODE), ("gpu_stack", NODE), ("fabric", SM), ("storage", NODE)]
+        ("preflight", NODE), ("repos", NODE), ("ofed", NODE), ("gpu_stack", NODE), ("gpu_stack", f"{NODE},{PEER}"),
+        ("fabric", SM), ("fabric", NODE), ("storage", NODE)]
     assert result.peers == [PEER] and result.report is not None and result.report.verdict.exit_code == 0
 
     new = result.observation
