@@ -29,13 +29,11 @@ from typing import Any
 import yaml
 
 from provisioner import interrupt
+from provisioner.collection import require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 
 REDACTED = "********"
 MIN_SECRET_LEN = 4  # shorter values would shred the artifacts when scrubbed; vault files hold real secrets
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ROLES_DIR = REPO_ROOT / "roles"
-PLAYBOOKS_DIR = REPO_ROOT / "playbooks"
 DEFAULT_FORKS = 25
 CONTROL_PERSIST_S = 60
 SERVER_ALIVE_S = 10
@@ -318,11 +316,12 @@ def control_path_dir(state_dir: Path) -> Path:
     return Path.home() / ".ansible" / "cp"
 
 
-def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path = ROLES_DIR) -> dict[str, dict[str, str]]:
+def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path | None = None) -> dict[str, dict[str, str]]:
     """The ansible.cfg sections for one run: why each setting is there is said next to it."""
     return {
         "defaults": {
-            "roles_path": str(roles_path),
+            # the package's roles (provisioner.collection), run as plain roles with the plugins they carry
+            "roles_path": str(roles_path or roles_dir()),
             "forks": str(forks),
             "host_key_checking": "True",        # never accept an unknown host key
             "retry_files_enabled": "False",
@@ -390,7 +389,7 @@ def run_playbook(
     secrets: Iterable[str] = (),
     state_dir: Path | str | None = None,
     ident: str = "run",
-    roles_path: Path = ROLES_DIR,
+    roles_path: Path | None = None,
     timeout: int | None = None,
 ) -> PlaybookResult:
     """Run `playbook` against the inventory through ansible-runner and return the per-host outcome.
@@ -403,8 +402,8 @@ def run_playbook(
     import ansible_runner
 
     playbook = Path(playbook).resolve()
-    if not playbook.is_file():
-        raise UsageError(f"playbook {playbook} does not exist")
+    require_playbook(playbook)
+    roles_path = roles_path or roles_dir()
     inventory = Path(inventory_dir).resolve()
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist", hint="run `provision render` first")

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.collection import ContentMissing
 from provisioner.errors import UsageError
 from provisioner.runner import (
     REDACTED,
@@ -171,7 +172,7 @@ def test_secret_in_extravars_is_refused(workdir: Path) -> None:
 
 
 def test_missing_playbook_and_inventory(workdir: Path) -> None:
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(ContentMissing, match=r"nope\.yml is missing"):
         run_playbook(workdir / "nope.yml", workdir / "inventory.yml", private_data_dir=workdir / "x")
     with pytest.raises(UsageError, match="render"):
         run_playbook(workdir / "site.yml", workdir / "noinv", private_data_dir=workdir / "x")
