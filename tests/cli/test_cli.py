@@ -136,3 +136,9 @@ def test_missing_playbook_hint_in_a_checkout() -> None:
     assert coll.checkout and coll.playbooks_dir == ROOT / "playbooks" and coll.roles_dir == ROOT / "roles"
     assert coll.fix_hint(coll.playbooks_dir / "ofed.yml") == ("restore it in the source checkout: "
                                                               "git checkout -- playbooks/ofed.yml")
+
+
+def test_collection_path(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "collection-path")
+    galaxy = Path(out.strip()) / "ansible_collections" / "provisioner" / "cluster" / "galaxy.yml"
+    assert rc == 0 and out.count("\n") == 1 and "name: cluster" in galaxy.read_text()
