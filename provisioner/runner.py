@@ -29,7 +29,7 @@ from typing import Any
 import yaml
 
 from provisioner import interrupt
-from provisioner.collection import require_playbook, roles_dir
+from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 
 REDACTED = "********"
@@ -45,6 +45,8 @@ _MAX_CONTROL_DIR_LEN = 80
 # environment is dropped: it may hold tokens that ansible never needed)
 _ENV_KEEP_PREFIXES = ("ANSIBLE_", "AWX_", "RUNNER_")
 _ENV_KEEP = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "USER", "PYTHONPATH", "VIRTUAL_ENV", "SHELL", "TERM"})
+
+_DEFAULT_COLLECTIONS_PATH = ("~/.ansible/collections", "/usr/share/ansible/collections")  # ansible-core's default
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -344,6 +346,22 @@ def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path | None = N
     }
 
 
+def collections_path_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """ANSIBLE_COLLECTIONS_PATH(S) as the caller set them, less this package's own collections directory.
+
+    A playbook inside a configured collections path runs *in* that collection: its roles then load as collection
+    roles, which do not get the filter and module plugins they carry (roles/*/filter_plugins, roles/*/library), and
+    a phase fails on "couldn't resolve module/action". `provision collection-path` tells people to export that
+    directory (for the inventory plugin), so the runs must not inherit it."""
+    ours = {collections_root().resolve(), (collections_root() / "ansible_collections").resolve()}
+    out: dict[str, str] = {}
+    for var in ("ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS"):
+        if var in environ:
+            kept = [p for p in environ[var].split(os.pathsep) if p and Path(p).expanduser().resolve() not in ours]
+            out[var] = os.pathsep.join(kept or _DEFAULT_COLLECTIONS_PATH)
+    return out
+
+
 def render_ansible_cfg(settings: Mapping[str, Mapping[str, str]]) -> str:
     cp = configparser.ConfigParser(interpolation=None)
     for section, values in settings.items():
@@ -433,6 +451,7 @@ def run_playbook(
         "ANSIBLE_ROLES_PATH": str(roles_path),
         "ANSIBLE_FORCE_COLOR": "False",
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        **collections_path_env(os.environ),
     }
 
     tally = HostTally()
