@@ -35,12 +35,13 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from provisioner.collection import playbooks_dir
 from provisioner.lab import fromspec
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
 from provisioner.lab.host import ensure_containers_conf
 from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.phases import RunOptions, provision_run
-from provisioner.runner import DEFAULT_FORKS, PLAYBOOKS_DIR, ansible_settings, render_ansible_cfg
+from provisioner.runner import DEFAULT_FORKS, ansible_settings, render_ansible_cfg
 from provisioner.spec import load_cluster
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,7 +118,7 @@ def plain_run(playbook: Path, state: Path, cfg_dir: Path) -> str:
 
 
 def overhead(res: SizeResult, spec: Path, overlay: Path, state: Path, phase: str, repeat: int, work: Path) -> None:
-    playbook = PLAYBOOKS_DIR / f"{phase}.yml"
+    playbook = playbooks_dir() / f"{phase}.yml"
     for i in range(repeat):
         for way in (("engine", "plain") if i % 2 == 0 else ("plain", "engine")):
             if way == "engine":

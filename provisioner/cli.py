@@ -674,6 +674,16 @@ def discover_cmd(
     raise typer.Exit(1 if res.errors else 0)
 
 
+@app.command("collection-path")
+def collection_path() -> None:
+    """Print the directory to add to Ansible's collections_path for the collection provisioner.cluster (roles,
+    playbooks and the inventory plugin provisioner.cluster.spec), e.g.
+    export ANSIBLE_COLLECTIONS_PATH="$(provision collection-path)"."""
+    from provisioner.collection import collections_root
+
+    out.print(str(collections_root()), markup=False)
+
+
 export_app = typer.Typer(help="Export the expected state for other tools.", no_args_is_help=True)
 app.add_typer(export_app, name="export")
 
@@ -892,7 +902,7 @@ def _cluster_name(arg: str) -> str:
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export", "drift", "trust-host", "discover", "plan", "failover", "watch"}
+            "export", "drift", "trust-host", "discover", "plan", "failover", "watch", "collection-path"}
 
 
 def main(argv: list[str] | None = None) -> int:

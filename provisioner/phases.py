@@ -2,14 +2,16 @@
 
     validate -> render -> preflight -> repos -> ofed -> gpu_stack -> fabric -> storage -> slurm -> verify -> report
 
-Each phase is a playbook under playbooks/ or a Python step. The engine keeps going when single nodes
-break: a host that fails or cannot be reached in a phase is *set aside* with its reason and the others carry
-on, because one dead node must not hold 127 healthy ones hostage. It stops the whole run when that would be
-wrong: a critical host (the subnet manager, the NFS server) is down, or more than `max_fail` percent of the
-run's hosts have been set aside (then something systematic is broken and carrying on only adds damage).
+Each phase is a playbook of the collection provisioner.cluster (`provisioner.collection`) or a Python step. The
+engine keeps going when single nodes break: a host that fails or cannot be reached in a phase is *set aside* with
+its reason and the others carry on, because one dead node must not hold 127 healthy ones hostage. It stops the
+whole run when that would be wrong: a critical host (the subnet manager, the NFS server) is down, or more than
+`max_fail` percent of the run's hosts have been set aside (then something systematic is broken and carrying on only
+adds damage).
 
-A phase whose playbook does not exist yet is recorded as `not_built`, never as passed, and no host counts
-it as completed, so a later `--resume` runs it once it exists.
+A run whose phases need a playbook that is missing does not start: one line names the file and how to get it
+back (exit 2), never a phase quietly recorded as not built. A Python step the caller did not supply (the library
+without verify/report) is recorded as `not_built`, never as passed, and no host counts it as completed.
 
 The journal (`provisioner.state`) is written after every phase; `--resume` continues each host from the
 first phase it has not completed. One run works on a cluster's state at a time (`provisioner.state.run_lock`).
@@ -29,10 +31,12 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from provisioner import collection as content
 from provisioner import interrupt
+from provisioner.collection import ContentMissing, require_playbook
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.hostpattern import select_hosts
-from provisioner.runner import PLAYBOOKS_DIR, PlaybookResult, RunnerError, run_playbook
+from provisioner.runner import PlaybookResult, RunnerError, run_playbook
 from provisioner.spec.hostlist import compress
 from provisioner.state import (
     HostProgress,
@@ -52,7 +56,7 @@ from provisioner.state import (
 class Phase:
     name: str
     title: str
-    playbook: str | None = None   # file under playbooks/; None: a Python step
+    playbook: str | None = None   # file in the collection's playbooks/; None: a Python step
     always: bool = False          # re-run on every run and resume (cheap prerequisites)
 
 
@@ -278,7 +282,7 @@ class Engine:
     inventory_dir: Path
     critical: Mapping[str, str]
     options: RunOptions
-    playbooks_dir: Path = PLAYBOOKS_DIR
+    playbooks_dir: Path = field(default_factory=content.playbooks_dir)
     runner: PlaybookRunner = run_playbook
     steps: Mapping[str, PythonStep] = field(default_factory=dict)
     reporter: Reporter = field(default_factory=NullReporter)
@@ -287,6 +291,11 @@ class Engine:
     play_vars: Mapping[str, Any] = field(default_factory=dict)  # from the spec, for play keywords (serial); -e wins
 
     def execute(self, plan: RunPlan) -> RunJournal:
+        """Run the plan. Raises :class:`ContentMissing` before anything runs when a planned playbook is missing."""
+        for name in plan.phases:
+            book = phase(name).playbook
+            if book is not None:
+                require_playbook(self.playbooks_dir / book, name)
         journal = RunJournal(self.run_id, self.cluster, self.spec, list(plan.phases), plan.progress,
                              self.options.to_json(), resumed_from=plan.resumed_from, pid=os.getpid(),
                              host=socket.gethostname())
@@ -398,8 +407,10 @@ class Engine:
                 return StepOutcome("not_built", note=f"the {ph.name} step is not built yet")
             return step(StepContext(ph.name, targets, run_dir, self.state_dir, self.options))
         playbook = self.playbooks_dir / ph.playbook
-        if not playbook.is_file():
-            return StepOutcome("not_built", note=f"playbooks/{ph.playbook} does not exist yet")
+        try:
+            require_playbook(playbook, ph.name)  # checked before the run; gone since: the run stops here
+        except ContentMissing as exc:
+            return StepOutcome("error", note=str(exc))
         try:
             result = self.runner(
                 playbook, self.inventory_dir, private_data_dir=run_dir / ph.name, limit=targets,
@@ -485,7 +496,7 @@ def summary_lines(journal: RunJournal) -> list[str]:
 
 def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = None,
                   runner: PlaybookRunner = run_playbook, steps: Mapping[str, PythonStep] | None = None,
-                  reporter: Reporter | None = None, playbooks_dir: Path = PLAYBOOKS_DIR,
+                  reporter: Reporter | None = None, playbooks_dir: Path | None = None,
                   after_converge: AfterConverge | None = None) -> RunJournal:
     """`provision cluster.yaml`: load the spec (raises SpecInvalid), plan (fresh or --resume), run the phases.
 
@@ -498,7 +509,7 @@ def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = N
 
 
 def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runner: PlaybookRunner,
-                   steps: Mapping[str, PythonStep] | None, reporter: Reporter | None, playbooks_dir: Path,
+                   steps: Mapping[str, PythonStep] | None, reporter: Reporter | None, playbooks_dir: Path | None,
                    after_converge: AfterConverge | None) -> RunJournal:
     from provisioner.render import render_inventory
     from provisioner.render.model import build_inventory, play_vars
@@ -531,7 +542,7 @@ def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runn
         all_steps: dict[str, PythonStep] = {"validate": validate_step, "render": render_step, **(steps or {})}
         engine = Engine(cluster.name, str(spec), sdir, inventory_base / "inventory",
                         critical_hosts({n.name: n.roles for n in cluster.nodes}), options,
-                        playbooks_dir=playbooks_dir, runner=runner, steps=all_steps,
+                        playbooks_dir=playbooks_dir or content.playbooks_dir(), runner=runner, steps=all_steps,
                         reporter=reporter or NullReporter(), run_id=run_id, after_converge=after_converge,
                         play_vars={**play_vars(cluster), **slurm_run_vars(cluster, sdir)})
         return engine.execute(plan)

@@ -29,13 +29,11 @@ from typing import Any
 import yaml
 
 from provisioner import interrupt
+from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 
 REDACTED = "********"
 MIN_SECRET_LEN = 4  # shorter values would shred the artifacts when scrubbed; vault files hold real secrets
-REPO_ROOT = Path(__file__).resolve().parent.parent
-ROLES_DIR = REPO_ROOT / "roles"
-PLAYBOOKS_DIR = REPO_ROOT / "playbooks"
 DEFAULT_FORKS = 25
 CONTROL_PERSIST_S = 60
 SERVER_ALIVE_S = 10
@@ -47,6 +45,8 @@ _MAX_CONTROL_DIR_LEN = 80
 # environment is dropped: it may hold tokens that ansible never needed)
 _ENV_KEEP_PREFIXES = ("ANSIBLE_", "AWX_", "RUNNER_")
 _ENV_KEEP = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "USER", "PYTHONPATH", "VIRTUAL_ENV", "SHELL", "TERM"})
+
+_DEFAULT_COLLECTIONS_PATH = ("~/.ansible/collections", "/usr/share/ansible/collections")  # ansible-core's default
 
 EventHandler = Callable[[dict[str, Any]], None]
 
@@ -329,11 +329,12 @@ def control_path_dir(state_dir: Path) -> Path:
     return Path.home() / ".ansible" / "cp"
 
 
-def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path = ROLES_DIR) -> dict[str, dict[str, str]]:
+def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path | None = None) -> dict[str, dict[str, str]]:
     """The ansible.cfg sections for one run: why each setting is there is said next to it."""
     return {
         "defaults": {
-            "roles_path": str(roles_path),
+            # the package's roles (provisioner.collection), run as plain roles with the plugins they carry
+            "roles_path": str(roles_path or roles_dir()),
             "forks": str(forks),
             "host_key_checking": "True",        # never accept an unknown host key
             "retry_files_enabled": "False",
@@ -354,6 +355,22 @@ def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path = ROLES_DI
             "control_path_dir": str(control_path_dir(state_dir)),
         },
     }
+
+
+def collections_path_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """ANSIBLE_COLLECTIONS_PATH(S) as the caller set them, less this package's own collections directory.
+
+    A playbook inside a configured collections path runs *in* that collection: its roles then load as collection
+    roles, which do not get the filter and module plugins they carry (roles/*/filter_plugins, roles/*/library), and
+    a phase fails on "couldn't resolve module/action". `provision collection-path` tells people to export that
+    directory (for the inventory plugin), so the runs must not inherit it."""
+    ours = {collections_root().resolve(), (collections_root() / "ansible_collections").resolve()}
+    out: dict[str, str] = {}
+    for var in ("ANSIBLE_COLLECTIONS_PATH", "ANSIBLE_COLLECTIONS_PATHS"):
+        if var in environ:
+            kept = [p for p in environ[var].split(os.pathsep) if p and Path(p).expanduser().resolve() not in ours]
+            out[var] = os.pathsep.join(kept or _DEFAULT_COLLECTIONS_PATH)
+    return out
 
 
 def render_ansible_cfg(settings: Mapping[str, Mapping[str, str]]) -> str:
@@ -401,7 +418,7 @@ def run_playbook(
     secrets: Iterable[str] = (),
     state_dir: Path | str | None = None,
     ident: str = "run",
-    roles_path: Path = ROLES_DIR,
+    roles_path: Path | None = None,
     timeout: int | None = None,
 ) -> PlaybookResult:
     """Run `playbook` against the inventory through ansible-runner and return the per-host outcome.
@@ -414,8 +431,8 @@ def run_playbook(
     import ansible_runner
 
     playbook = Path(playbook).resolve()
-    if not playbook.is_file():
-        raise UsageError(f"playbook {playbook} does not exist")
+    require_playbook(playbook)
+    roles_path = roles_path or roles_dir()
     inventory = Path(inventory_dir).resolve()
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist", hint="run `provision render` first")
@@ -445,6 +462,7 @@ def run_playbook(
         "ANSIBLE_ROLES_PATH": str(roles_path),
         "ANSIBLE_FORCE_COLOR": "False",
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
+        **collections_path_env(os.environ),
     }
 
     tally = HostTally()

@@ -126,3 +126,38 @@ def test_verify_names_nodes_it_cannot_reach_once(capsys: pytest.CaptureFixture[s
     assert lines[0] == (f"NOT RUN ssh gpu[01-08],sm[1-2]: known_hosts file {tmp_path / 'known_hosts'} does not exist "
                         "(create it with the nodes' verified keys (ssh.known_hosts in the spec names it))"), lines
     assert lines[1].startswith("INCOMPLETE: ") and len(lines) == 2, lines
+
+
+def test_missing_playbook_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """An install without a phase's playbook: exit 2 and one line naming the file and the fix, before any phase."""
+    import shutil
+
+    from provisioner import collection as content
+
+    real = content.collection()
+    root = tmp_path / "site" / "ansible_collections" / "provisioner" / "cluster"
+    shutil.copytree(real.playbooks_dir, root / "playbooks")
+    (root / "roles").mkdir()
+    (root / "playbooks" / "ofed.yml").unlink()
+    monkeypatch.setattr(content, "collection", lambda: content.Collection(root, checkout=False))
+    rc, _, err = run(capsys, H100, "--out", str(tmp_path / "state"))
+    assert rc == 2, err
+    assert err == (f"provision: error: phase ofed: playbook {root / 'playbooks' / 'ofed.yml'} is missing (the "
+                   "installed provisioner package is incomplete: reinstall it, e.g. pipx reinstall provisioner)\n")
+    assert not (tmp_path / "state" / "inventory").exists()  # not even rendered: nothing ran
+
+
+def test_missing_playbook_hint_in_a_checkout() -> None:
+    from provisioner.collection import collection
+
+    coll = collection()
+    assert coll.checkout and coll.playbooks_dir == ROOT / "playbooks" and coll.roles_dir == ROOT / "roles"
+    assert coll.fix_hint(coll.playbooks_dir / "ofed.yml") == ("restore it in the source checkout: "
+                                                              "git checkout -- playbooks/ofed.yml")
+
+
+def test_collection_path(capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out, _ = run(capsys, "collection-path")
+    galaxy = Path(out.strip()) / "ansible_collections" / "provisioner" / "cluster" / "galaxy.yml"
+    assert rc == 0 and out.count("\n") == 1 and "name: cluster" in galaxy.read_text()

@@ -49,6 +49,15 @@ PREFLIGHT = """\
         that: preflight_hostname.stdout == inventory_hostname
 """
 
+REPOS = """\
+- name: Trivial second phase
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Reach the node
+      ansible.builtin.ping:
+"""
+
 
 @pytest.fixture(scope="module")
 def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -59,6 +68,7 @@ def spec(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "cluster.yaml").write_text(text)
     (d / "playbooks").mkdir()
     (d / "playbooks" / "preflight.yml").write_text(PREFLIGHT)
+    (d / "playbooks" / "repos.yml").write_text(REPOS)
     return d / "cluster.yaml"
 
 
@@ -111,7 +121,8 @@ def test_unknown_host_key_is_refused(lab: LabInfo, spec: Path, tmp_path: Path) -
 def test_paused_node_set_aside_then_resumed(lab: LabInfo, spec: Path, tmp_path: Path) -> None:
     root = str(cluster_dir(CLUSTER))
     state = tmp_path / "state"
-    opts = RunOptions(overlay=str(lab.overlay), max_fail=50)
+    # the two phases this test has playbooks for (a phase whose playbook is missing stops the run before it starts)
+    opts = RunOptions(overlay=str(lab.overlay), max_fail=50, only=["preflight", "repos"])
     faults.inject(root, "gpu02", "unreachable")
     try:
         j1 = provision_run(spec, opts, state_dir=state, playbooks_dir=spec.parent / "playbooks")
@@ -121,7 +132,7 @@ def test_paused_node_set_aside_then_resumed(lab: LabInfo, spec: Path, tmp_path: 
     assert pre is not None and pre.ok == ["gpu01", "gpu03", "sm1", "sm2"]
     assert list(pre.unreachable) == ["gpu02"]
     assert j1.status == "partial" and j1.set_aside["gpu02"]["state"] == "unreachable"
-    assert j1.phase("repos").status == "not_built" and "gpu02" not in j1.phase("repos").hosts  # type: ignore[union-attr]
+    assert j1.phase("repos").ok == ["gpu01", "gpu03", "sm1", "sm2"]  # type: ignore[union-attr]
     assert retry_command(j1) == (f"provision {spec} --resume --limit gpu02 --overlay {lab.overlay} --out {state} "
                                  "--max-fail 50")
 
@@ -130,5 +141,5 @@ def test_paused_node_set_aside_then_resumed(lab: LabInfo, spec: Path, tmp_path: 
     pre2 = j2.phase("preflight")
     assert pre2 is not None and pre2.hosts == ["gpu02"] and pre2.ok == ["gpu02"]
     assert j2.resumed_from == j1.run_id and j2.set_aside == {}
-    assert "preflight" in j2.hosts["gpu02"].completed
-    assert j2.status == "incomplete"  # later phases are not built yet: never "passed"
+    assert j2.hosts["gpu02"].completed == ["validate", "render", "preflight", "repos"]
+    assert j2.status == "passed"

@@ -1,4 +1,4 @@
-"""The phase engine with a scripted runner: isolation, --max-fail, critical hosts, not built, resume, journal."""
+"""The phase engine with a scripted runner: isolation, --max-fail, critical hosts, missing playbooks, resume."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from provisioner import collection as content
+from provisioner.collection import ContentMissing
 from provisioner.errors import UsageError
 from provisioner.phases import (
     PHASE_NAMES,
@@ -127,14 +129,42 @@ def test_critical_host_stops_the_run(tmp_path: Path, playbooks: Path) -> None:
     assert "storage.yml" not in [c[0] for c in r.calls]
 
 
-def test_not_built_is_never_passed(tmp_path: Path, playbooks: Path) -> None:
+def test_missing_playbook_stops_before_anything_runs(tmp_path: Path, playbooks: Path) -> None:
+    """A phase's playbook missing is an error naming the file and the fix, before any phase ran: never 'not built'."""
     (playbooks / "ofed.yml").unlink()
     r = ScriptedRunner()
-    j = run(tmp_path, playbooks, r, steps={"verify": None})
-    assert j.phase("ofed").status == "not_built" and "ofed.yml" in (j.phase("ofed").note or "")
-    assert j.status == "incomplete"
-    assert "ofed" not in j.hosts["gpu01"].completed and "fabric" in j.hosts["gpu01"].completed
-    assert any("ofed: not built" in line for line in summary_lines(j))
+    with pytest.raises(ContentMissing) as exc:
+        run(tmp_path, playbooks, r)
+    line = str(exc.value)
+    assert "\n" not in line and exc.value.exit_code == 2
+    assert f"phase ofed: playbook {playbooks / 'ofed.yml'} is missing" in line
+    assert "give a directory that has it" in line  # not the package's own directory: no git/reinstall advice
+    assert r.calls == [] and last_run(tmp_path / "state") is None  # nothing ran, no journal was started
+    # leaving the phase out is a way on
+    j = run(tmp_path, playbooks, r, RunOptions(only=["preflight", "repos"], max_fail=20))
+    assert j.status == "passed" and [c[0] for c in r.calls] == ["preflight.yml", "repos.yml"]
+
+
+def test_playbook_gone_mid_run_stops_the_run(tmp_path: Path, playbooks: Path) -> None:
+    """A playbook removed after the run started (checked again when its phase comes) stops the run cleanly."""
+
+    class Deleting(ScriptedRunner):
+        def __call__(self, playbook: Path, inventory_dir: Path, **kw: Any) -> PlaybookResult:
+            if playbook.name == "repos.yml":
+                (playbooks / "ofed.yml").unlink()
+            return super().__call__(playbook, inventory_dir, **kw)
+
+    j = run(tmp_path, playbooks, Deleting())
+    assert j.phase("ofed").status == "error" and "ofed.yml is missing" in (j.phase("ofed").note or "")
+    assert j.status == "stopped" and "phase ofed could not run" in (j.stop_reason or "")
+    assert load_journal(journal_path(tmp_path / "state", j.run_id)).status == "stopped"
+
+
+def test_the_package_playbooks_are_found(tmp_path: Path) -> None:
+    """Without a playbooks_dir the engine uses the collection's, which has every phase's playbook."""
+    e = Engine("c1", "cluster.yaml", tmp_path / "state", tmp_path / "inv", {}, RunOptions())
+    assert e.playbooks_dir == content.playbooks_dir()
+    assert all((e.playbooks_dir / p).is_file() for p in PLAYBOOKS)
 
 
 def test_python_step_missing_is_not_built(tmp_path: Path, playbooks: Path) -> None:
@@ -301,10 +331,10 @@ def test_ofed_converges_before_the_driver_and_peermem_after_both() -> None:
     """nvidia_peermem built by DKMS before the OFED peer-memory symbols exist is a stub whose init returns
     -EINVAL (NVIDIA conftest ib_peer_memory_symbols); NVIDIA and Azure's HPC images install DOCA-OFED first."""
     from provisioner.phases import PHASES
-    from provisioner.runner import PLAYBOOKS_DIR
 
-    by_phases = [r for p in PHASES if p.playbook for r in _roles_in_order(PLAYBOOKS_DIR / p.playbook)]
-    by_site = _roles_in_order(PLAYBOOKS_DIR / "site.yml")
+    books = content.playbooks_dir()
+    by_phases = [r for p in PHASES if p.playbook for r in _roles_in_order(books / p.playbook)]
+    by_site = _roles_in_order(books / "site.yml")
     for order in (by_phases, by_site):
         assert order.index("doca_ofed") < order.index("nvidia_driver") < order.index("nvidia_peermem"), order
     assert by_site == by_phases

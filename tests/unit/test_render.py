@@ -123,22 +123,50 @@ def test_ansible_reads_the_rendered_inventory(tmp_path: Path) -> None:
     assert out["_meta"]["hostvars"]["gpu01"]["preflight_gpu_count"] == 8  # from group_vars/profile_hgx_h100.yml
 
 
-def test_inventory_plugin_reads_the_spec_directly() -> None:
+def test_inventory_plugin_reads_the_spec_through_its_config_file(tmp_path: Path) -> None:
+    """`plugin: provisioner.cluster.spec` with `spec:` relative to the file: the groups and variables of `provision
+    render`, every string tagged unsafe; a bare spec given to -i is refused with what to write instead."""
     import json
     import subprocess
     import sys
 
+    spec = ROOT / "examples" / "h100-ndr-8node.yaml"
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "cluster.yaml").write_text(spec.read_text())
+    config = tmp_path / "cluster.provisioner.yml"
+    config.write_text("# AWX inventory source\nplugin: provisioner.cluster.spec\nspec: site/cluster.yaml\n")
     exe = Path(sys.executable).parent / "ansible-inventory"
-    proc = subprocess.run([str(exe), "-i", "examples/h100-ndr-8node.yaml", "--list"], cwd=ROOT,
+    proc = subprocess.run([str(exe), "-i", str(config), "--list"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
-    rendered = build_inventory(load_cluster(ROOT / "examples" / "h100-ndr-8node.yaml")[0])
+    rendered = build_inventory(load_cluster(spec)[0])
     assert sorted(data["compute"]["hosts"]) == rendered.groups["compute"]
     # values from the plugin come back tagged unsafe (never templated): compare their text
     profile_vars = rendered.groupvars["profile_hgx_h100"]
     assert unwrap(data["_meta"]["hostvars"]["gpu02"]["nccl_conf"]) == profile_vars["nccl_conf"]
     assert unwrap(data["_meta"]["hostvars"]["sm1"]["opensm_priority"]) == 15
+    plain = [s for hv in data["_meta"]["hostvars"].values() for s in _plain_strings(hv)]
+    assert plain == [], f"strings the plugin handed Ansible without the unsafe tag: {plain[:5]}"
+
+    bare = subprocess.run([str(exe), "-i", str(spec), "--list"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120, check=False)
+    assert "is a cluster spec, not an inventory source: write a file such as cluster.provisioner.yml with " \
+           "'plugin: provisioner.cluster.spec' and 'spec: h100-ndr-8node.yaml'" in bare.stderr, bare.stderr
+    assert json.loads(bare.stdout)["_meta"]["hostvars"] == {}
+
+
+def _plain_strings(value: object) -> list[str]:
+    """Every string in an ansible-inventory JSON value that is not inside an {"__ansible_unsafe": ...} wrapper."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        if set(value) == {"__ansible_unsafe"}:
+            return []
+        return [s for k, v in value.items() for s in _plain_strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _plain_strings(v)]
+    return []
 
 
 def unwrap(value: object) -> object:

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from provisioner.collection import ContentMissing
 from provisioner.errors import UsageError
 from provisioner.runner import (
     REDACTED,
@@ -171,7 +172,7 @@ def test_secret_in_extravars_is_refused(workdir: Path) -> None:
 
 
 def test_missing_playbook_and_inventory(workdir: Path) -> None:
-    with pytest.raises(UsageError, match="does not exist"):
+    with pytest.raises(ContentMissing, match=r"nope\.yml is missing"):
         run_playbook(workdir / "nope.yml", workdir / "inventory.yml", private_data_dir=workdir / "x")
     with pytest.raises(UsageError, match="render"):
         run_playbook(workdir / "site.yml", workdir / "noinv", private_data_dir=workdir / "x")
@@ -284,3 +285,18 @@ def test_an_ignored_unreachable_delegate_and_a_rescued_failure_leave_the_host_ok
     assert result.hosts["beta"].state == "ok" and result.hosts["beta"].rescued == 1, result.hosts["beta"]
     assert result.hosts["alpha"].reason == "" and result.hosts["alpha"].failed_task is None
     assert sorted(result.ok_hosts) == ["alpha", "beta"] and result.status == "successful"
+
+
+def test_runs_do_not_inherit_the_package_collections_path(tmp_path: Path) -> None:
+    """A playbook inside a configured collections path runs as collection content, whose roles lose the plugins
+    they carry: the runs drop the directory `provision collection-path` tells people to export, keep the rest."""
+    from provisioner.collection import collections_root
+    from provisioner.runner import collections_path_env
+
+    ours = str(collections_root())
+    env = {"ANSIBLE_COLLECTIONS_PATH": ":".join([str(tmp_path), ours, ours + "/ansible_collections"]),
+           "ANSIBLE_COLLECTIONS_PATHS": ours, "HOME": "/root"}
+    assert collections_path_env(env) == {
+        "ANSIBLE_COLLECTIONS_PATH": str(tmp_path),
+        "ANSIBLE_COLLECTIONS_PATHS": "~/.ansible/collections:/usr/share/ansible/collections"}
+    assert collections_path_env({"HOME": "/root"}) == {}

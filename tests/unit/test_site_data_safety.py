@@ -179,14 +179,27 @@ def test_jinja_in_the_inventory_is_never_run(tmp_path: Path) -> None:
 
 
 def test_inventory_plugin_values_are_not_templates(tmp_path: Path) -> None:
-    """ansible-inventory through the spec plugin: every value arrives as data (wrap_var), never as a template."""
+    """Through the inventory plugin (config file with spec: and overlay:) the overlay is validated like the spec
+    (a template is refused at its file:line), and every value from spec and overlay arrives tagged unsafe."""
+    (tmp_path / "specs").mkdir()
+    (tmp_path / "specs" / "cluster.yaml").write_text(H100.read_text())
+    config = tmp_path / "cluster.provisioner.yml"
+    config.write_text("plugin: provisioner.cluster.spec\nspec: specs/cluster.yaml\noverlay: overlay.yaml\n")
     exe = Path(sys.executable).parent / "ansible-inventory"
-    spec = tmp_path / "cluster.yaml"
-    spec.write_text(H100.read_text())
-    done = subprocess.run([str(exe), "-i", str(spec), "--host", "gpu01"], capture_output=True, text=True,
-                          timeout=120, check=False, cwd=ROOT)
-    assert done.returncode == 0, done.stderr
-    assert json.loads(done.stdout)["ansible_host"] == "10.10.0.11"
+
+    def inventory(overlay: str) -> subprocess.CompletedProcess[str]:
+        overlay_file(tmp_path, overlay)
+        return subprocess.run([str(exe), "-i", str(config), "--list"], capture_output=True, text=True, timeout=120,
+                              check=False, cwd=ROOT)
+
+    bad = inventory("addresses: {gpu01: 192.0.2.7}\nsite_vars: {overlay_note: '{{ 6 * 7 }}'}\n")
+    assert f"{tmp_path / 'overlay.yaml'}:2:27: SPEC-SCHEMA: site_vars.overlay_note" in bad.stderr, bad.stderr
+    assert json.loads(bad.stdout)["_meta"]["hostvars"] == {}
+    good = inventory("addresses: {gpu01: 192.0.2.7}\nsite_vars: {overlay_note: a-b}\n")
+    assert good.returncode == 0, good.stderr
+    gpu01 = json.loads(good.stdout)["_meta"]["hostvars"]["gpu01"]
+    assert gpu01["ansible_host"] == {"__ansible_unsafe": "192.0.2.7"}  # from the overlay, unsafe
+    assert gpu01["overlay_note"] == {"__ansible_unsafe": "a-b"}
 
 
 def test_owned_vars_cover_everything_the_tool_renders() -> None:
