@@ -104,14 +104,16 @@ def plans_cabling(cluster: Cluster) -> bool:
     return bool(cluster.cables) or bool(switchlinks.plan(cluster))
 
 
-def _parsed(tool: str, done: Completed) -> tuple[dict[str, Any] | None, str]:
-    """Parsed output, or None and the reason (unreachable, timeout, not that tool's output)."""
+def _parsed(tool: str, done: Completed, *, with_stderr: bool = False) -> tuple[dict[str, Any] | None, str]:
+    """Parsed output, or None and the reason (unreachable, timeout, not that tool's output). ``with_stderr``:
+    the tool's stderr is parsed after its stdout (ibqueryerrors prints there which paths it could not query)."""
     if done.unreachable:
         return None, done.stderr.strip() or "unreachable"
     if done.timed_out:
         return None, f"{tool} timed out"
+    text = done.stdout + ("\n" + done.stderr if with_stderr and done.stderr.strip() else "")
     try:
-        return parse(tool, done.stdout), ""
+        return parse(tool, text), ""
     except ParseError as exc:
         tail = (done.stderr.strip().splitlines() or [""])[-1]
         return None, f"{exc.message}" + (f" (stderr: {tail})" if tail else "") + f" [exit {done.rc}]"
@@ -144,6 +146,8 @@ class _Verifier:
         self._switch_counts: switchports.Counts | None = None
         self._switch_peers: dict[tuple[str, int], str] = {}
         self._switch_ports_at: int | None = None
+        self._switch_gaps: list[Finding] = []
+        """What the switch counter sweep could not reach (discovery timeouts, PMA query failures)."""
 
     @property
     def lost(self) -> dict[str, str]:
@@ -384,18 +388,20 @@ class _Verifier:
         if self._switch_counts is not None:
             self._switch_ports_at = len(self.checks)
             self.checks.append(CheckResult.from_findings(
-                switchports.CHECK, None, switchports.port_findings(self._switch_counts, None, self._switch_peers),
+                switchports.CHECK, None,
+                self._switch_gaps + switchports.port_findings(self._switch_counts, None, self._switch_peers),
                 {**measured, "counters_read": "start"}))
 
     def _read_switch_ports(self, host: str) -> switchports.Counts | None:
         """Every switch port's error counters (``ibqueryerrors --switch``); None, with a could-not-run, on failure."""
         done = self.remote.run_many({host: switchports.COMMAND}, timeout=300)[host]
-        parsed, why = _parsed("ibqueryerrors", done)
+        parsed, why = _parsed("ibqueryerrors", done, with_stderr=True)
         if parsed is None or not parsed.get("complete"):
             tail = "; ".join(parsed["errors"] if parsed else [])
             why = why or f"no summary line: the sweep did not finish ({tail or 'no message'})"
             self.checks.append(CheckResult.could_not_run(switchports.CHECK, None, f"{host}: {why}"))
             return None
+        self._switch_gaps = switchports.sweep_gaps(parsed)
         return switchports.read_counters(self.cluster, parsed)
 
     def switch_ports_again(self) -> None:
@@ -403,13 +409,15 @@ class _Verifier:
         if self._switch_counts is None or self._switch_ports_at is None or self.fabric_host is None:
             return
         done = self.remote.run_many({self.fabric_host: switchports.COMMAND}, timeout=300)[self.fabric_host]
-        parsed, _ = _parsed("ibqueryerrors", done)
+        parsed, _ = _parsed("ibqueryerrors", done, with_stderr=True)
         if parsed is None or not parsed.get("complete"):
             self.notes.append(f"switch_ports: counters could not be re-read on {self.fabric_host} at the end")
             return
         after = switchports.read_counters(self.cluster, parsed)
+        gaps = self._switch_gaps + [g for g in switchports.sweep_gaps(parsed) if g not in self._switch_gaps]
         self.checks[self._switch_ports_at] = CheckResult.from_findings(
-            switchports.CHECK, None, switchports.port_findings(self._switch_counts, after, self._switch_peers),
+            switchports.CHECK, None,
+            gaps + switchports.port_findings(self._switch_counts, after, self._switch_peers),
             {"queried_on": self.fabric_host, "counters_read": "start and end"})
 
     # -- load across leaves ---------------------------------------------------------------------------------

@@ -104,3 +104,19 @@ def port_findings(before: Counts, after: Counts | None = None,
                                  "connector: check the BER (mlxlink on the switch), reseat or replace, then clear "
                                  "the counters", switch=switch))
     return found
+
+
+def sweep_gaps(parsed: Mapping[str, Any]) -> list[Finding]:
+    """An error when the sweep did not reach the whole fabric: discovery paths that timed out or PMA queries
+    that failed leave switches (and every port behind them) unread, which must not read as clean counters."""
+    errors = [str(e) for e in parsed.get("errors", [])]
+    pma = int((parsed.get("summary") or {}).get("pma_query_failures") or 0)
+    if not errors and not pma:
+        return []
+    parts = ([f"{len(errors)} discovery/query error(s), first: {errors[0]}"] if errors else []) + (
+        [f"{pma} PMA query failure(s)"] if pma else [])
+    return [Finding(CHECK, "error", None, None, None, "every switch answers", "; ".join(parts),
+                    "ibqueryerrors did not reach the whole fabric: " + "; ".join(parts)
+                    + " (the ports behind those paths were not read)",
+                    "a switch or link that does not answer SMPs/PMA queries: check the path with ibtracert and "
+                    "iblinkinfo, the switch's management state and its firmware; then run verify again")]

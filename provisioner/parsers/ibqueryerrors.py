@@ -17,6 +17,13 @@ printed at all. Counters are named as libibmad's ``fields.c`` names them (``Symb
 extended counters a value carries a human-readable copy (``[PortXmitWait == 1234 (1.234K)]``), which is dropped.
 ``port ALL`` (the switch's sum over its ports, when its PMA supports AllPortSelect) becomes ``port: None``.
 The tool exits 1 when it printed any error, so the exit status says nothing about whether it ran.
+
+Port lines without their ``Errors for`` line (``ibqueryerrors | grep SymbolError``) go to a node with no name,
+GUID or type. Lines from the libraries on stderr (``src/query_smp.c:195; umad (DR path ...) bad status 110;
+Connection timed out`` while discovering, ``ibwarn: ... query failed on ...``) are ``errors`` (stderr alone parses,
+``complete`` false): the summary is still printed after them, but the nodes behind those paths were never asked,
+so ``complete`` says only that the sweep ended; whoever judges the counters reads ``errors`` and
+``pma_query_failures`` too.
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from provisioner.errors import ParseError
 from provisioner.parsers._common import diag_error_line, norm_guid, require_text
 
 _NODE_RE = re.compile(r'^Errors for (?:(?P<guid>0x[0-9a-fA-F]+) )?"(?P<name>.*)"\s*$')
-_PORT_RE = re.compile(r"^\s+GUID (?P<guid>0x[0-9a-fA-F]+) port (?P<port>ALL|\d+):(?P<rest>.*)$")
+_PORT_RE = re.compile(r"^\s*GUID (?P<guid>0x[0-9a-fA-F]+) port (?P<port>ALL|\d+):(?P<rest>.*)$")
 _COUNTER_RE = re.compile(r"\[(?P<name>[A-Za-z0-9]+) == (?P<value>\d+)(?: \([^)]*\))?\]")
 _SUMMARY_NODES_RE = re.compile(r"^## Summary: (\d+) nodes checked, (\d+) bad nodes found")
 _SUMMARY_PORTS_RE = re.compile(r"^##\s+(\d+) ports checked, (\d+) ports have errors beyond threshold")
@@ -55,11 +62,16 @@ def parse_ibqueryerrors(text: str) -> dict[str, Any]:
             nodes.append(node)
             continue
         p = _PORT_RE.match(line)
-        if p and node is not None:
+        if p:
+            guid = norm_guid(p.group("guid"))
+            if node is None or (node["name"] is None and node["ports"] and node["ports"][-1]["guid"] != guid):
+                # pasted through grep: port lines without their "Errors for" line, one unnamed node per GUID run
+                node = {"name": None, "guid": None, "type": None, "ports": []}
+                nodes.append(node)
             port = p.group("port")
             node["ports"].append({
                 "port": None if port == "ALL" else int(port),
-                "guid": norm_guid(p.group("guid")),
+                "guid": guid,
                 "counters": {m.group("name"): int(m.group("value")) for m in _COUNTER_RE.finditer(p.group("rest"))},
             })
             continue
@@ -69,7 +81,7 @@ def parse_ibqueryerrors(text: str) -> dict[str, Any]:
             m = pattern.match(stripped)
             if m:
                 summary.update({k: int(v) for k, v in zip(keys, m.groups(), strict=True)})
-    if "nodes_checked" not in summary and not nodes:
+    if "nodes_checked" not in summary and not nodes and not _only_its_own_errors(text, errors):
         raise ParseError('ibqueryerrors: no "Errors for ..." block and no "## Summary:" line found')
     return {
         "tool": "ibqueryerrors",
@@ -80,3 +92,17 @@ def parse_ibqueryerrors(text: str) -> dict[str, Any]:
         "errors": errors,
         "warnings": [],
     }
+
+
+def _only_its_own_errors(text: str, errors: list[str]) -> bool:
+    """Stderr alone: every line an infiniband-diags error line, none that another tool signs (``sminfo: iberror:``)
+    or that ibqueryerrors never prints (``ibpanic:``, which ibstat's main uses). Error lines of the libraries are
+    shared by every tool, so this is the most such input can say; anything else is not ibqueryerrors output."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if not errors or len(errors) != len(lines):
+        return False
+    for line in errors:
+        head, sep, _ = line.partition(": iberror:")
+        if line.startswith("ibpanic:") or (sep and head.rsplit("/", 1)[-1] != "ibqueryerrors"):
+            return False
+    return True

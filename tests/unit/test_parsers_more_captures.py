@@ -8,7 +8,7 @@ import pytest
 
 from provisioner import discover
 from provisioner.errors import ParseError
-from provisioner.fabric import cabling, sm
+from provisioner.fabric import cabling, sm, switchports
 from provisioner.parsers import parse
 from provisioner.parsers._common import diag_error_line, iberror_text
 from tests.unit._parser_fixtures import load
@@ -238,6 +238,50 @@ def test_ibqueryerrors_clean_run_has_a_summary_and_no_node() -> None:
     assert out["summary"] == {"nodes_checked": 1, "bad_nodes": 0, "ports_checked": 1, "bad_ports": 0,
                               "pma_query_failures": 0}
     assert out["complete"] is True and out["errors"] == []
+
+
+def test_ibqueryerrors_data_counters_keep_the_number_and_drop_the_human_copy() -> None:
+    out = parse("ibqueryerrors", load("ibqueryerrors", "infiniband_exporter48_bad_node_data_excerpt.txt"))
+    assert [(n["name"], n["type"], n["guid"]) for n in out["nodes"]] == [("maestro-3002 HCA-1", "ca", None)]
+    port = out["nodes"][0]["ports"][0]
+    assert (port["port"], port["guid"]) == (1, "0x0c42a1030079989c")
+    assert port["counters"] == {"PortXmitWait": 2544, "PortXmitData": 6399401, "PortRcvData": 1758872,
+                                "PortXmitPkts": 13959, "PortRcvPkts": 13514, "PortUnicastXmitPkts": 13959,
+                                "PortUnicastRcvPkts": 13514}
+    assert out["complete"] is False  # an excerpt: no summary, so nothing says the sweep ended
+
+
+def test_ibqueryerrors_pasted_through_grep_keeps_each_port_apart() -> None:
+    out = parse("ibqueryerrors", load("ibqueryerrors", "infiniband_exporter20_grep_symbolerror.txt"))
+    assert [(n["name"], n["type"]) for n in out["nodes"]] == [(None, None), (None, None)]
+    assert [(p["guid"], p["port"], p["counters"]) for n in out["nodes"] for p in n["ports"]] == [
+        ("0x0c42a10300dcf8e2", 1, {"SymbolErrorCounter": 3, "PortXmitWait": 12097916}),
+        ("0x0c42a10300dd0bea", 1, {"SymbolErrorCounter": 4, "PortXmitWait": 224462059})]
+    assert out["complete"] is False and out["errors"] == []
+
+
+def test_ibqueryerrors_port_all_with_extended_values_past_32_bits() -> None:
+    out = parse("ibqueryerrors", load("ibqueryerrors", "ucx9590_port_all_extended_values.txt"))
+    (node,) = out["nodes"]
+    (port,) = node["ports"]
+    assert port["port"] is None and port["guid"] == "0x1070fd0300370ea2"
+    assert port["counters"] == {"LinkDownedCounter": 25, "PortRcvErrors": 26, "PortXmitDiscards": 2846,
+                                "PortXmitWait": 14681376621}
+
+
+def test_ibqueryerrors_discovery_timeouts_on_stderr_parse_as_errors_not_as_a_clean_fabric() -> None:
+    stderr = load("ibqueryerrors", "infiniband_exporter12_discovery_timeouts_stderr.txt")
+    alone = parse("ibqueryerrors", stderr)
+    assert alone["nodes"] == [] and alone["complete"] is False and len(alone["errors"]) == 9
+    assert alone["errors"][0].startswith("src/query_smp.c:195; umad (DR path slid 0; dlid 0; 0,1,13,9,15 Attr")
+    # the clean run's stdout with these lines on stderr, as verify reads them: the sweep ended, yet not everywhere
+    clean = load("ibqueryerrors", "infiniband_exporter48_clean_node_thresholds.txt")
+    both = parse("ibqueryerrors", clean + "\n" + stderr)
+    assert both["complete"] is True and len(both["errors"]) == 9
+    gaps = switchports.sweep_gaps(both)
+    assert [(f.severity, f.check) for f in gaps] == [("error", "switch_ports")]
+    assert "9 discovery/query error(s)" in gaps[0].message and "0,1,13,9,15" in gaps[0].message
+    assert switchports.sweep_gaps(parse("ibqueryerrors", clean)) == []
 
 
 # ---------------------------------------------------------------- error lines as the tools print them
