@@ -365,3 +365,54 @@ def partition_members(
             found.extend(norm_guid(g) for g in node_guids)
         out[name] = found
     return out
+
+
+MEMBER_RECORD = "# member "
+"""partitions.conf carries one comment per partition member, ``# member gpu01: 0x...,0x...``, so that a later
+converge can keep a member that does not answer with the GUIDs it had (opensm reads ``#`` lines as comments)."""
+_MEMBER_RECORD_RE = re.compile(r"^# member (?P<node>[A-Za-z0-9._-]+): (?P<guids>.*)$")
+
+
+def recorded_members(text: str) -> dict[str, list[str]]:
+    """``{member: [port GUID, ...]}`` from the ``# member`` lines of a partitions.conf this role wrote."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        m = _MEMBER_RECORD_RE.match(line.strip())
+        if not m:
+            continue
+        try:
+            guids = [norm_guid(g.strip()) for g in m.group("guids").split(",") if g.strip()]
+        except ParseError:
+            continue  # a hand-edited line that is not ours: ignored, the member then needs to answer
+        if guids:
+            out[m.group("node")] = guids
+    return out
+
+
+@dataclass(frozen=True)
+class MemberGuids:
+    """The port GUIDs partitions.conf gets per member: read now (``guids``), kept from the last file for members
+    that did not answer (``kept``), or missing (``missing``: no answer and no record)."""
+
+    guids: dict[str, list[str]]
+    kept: list[str]
+    missing: list[str]
+
+
+def member_guids(answers: Mapping[str, Sequence[str] | None], recorded: Mapping[str, Sequence[str]]) -> MemberGuids:
+    """Each member's InfiniBand port GUIDs: what it answered (``None``: it did not), else what the current
+    partitions.conf records for it. A compute node that is down must not stop the SM from managing everyone
+    else's partitions; a member that never answered and was never recorded has nothing to keep."""
+    guids: dict[str, list[str]] = {}
+    kept: list[str] = []
+    missing: list[str] = []
+    for node in sorted(answers):
+        live = answers[node]
+        if live is not None:
+            guids[node] = [norm_guid(g) for g in live]
+        elif recorded.get(node):
+            guids[node] = [norm_guid(g) for g in recorded[node]]
+            kept.append(node)
+        else:
+            missing.append(node)
+    return MemberGuids(guids, kept, missing)

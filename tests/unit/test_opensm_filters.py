@@ -88,3 +88,54 @@ def test_vendor_default_engine_is_not_judged() -> None:
            " switches\nJan 01 00:00:00 000000 [00000000] 0x80 -> SUBNET UP\n")
     assert f.opensm_routing(log, False, [])["problems"] == []
     assert f.opensm_routing(log, False, ["updn"])["problems"]
+
+
+# ---------------------------------------------------------------- partition members that do not answer
+
+TEMPLATE = ROOT / "roles" / "opensm" / "templates" / "partitions.conf.j2"
+
+
+def _render_partitions(members: dict[str, list[str]]) -> str:
+    """The role's partitions.conf template, rendered with Jinja the way the role renders it (two members)."""
+    import re
+
+    import jinja2
+
+    env = jinja2.Environment(keep_trailing_newline=True, trim_blocks=True)
+    # the three Ansible filters the template uses, as Ansible defines them
+    env.filters["flatten"] = lambda seq: [x for s in seq for x in (s if isinstance(s, list) else [s])]
+    env.filters["extract"] = lambda key, container: container[key]
+    env.filters["regex_replace"] = lambda value, pattern, repl: re.sub(pattern, repl, value)
+    parts = [{"name": "tenant_a", "pkey": "0x8001", "members": sorted(members), "membership": "full"}]
+    return env.from_string(TEMPLATE.read_text()).render(
+        ansible_managed="managed", opensm_default_partition="full", opensm_default_pkey="0x7fff",
+        opensm_default_partition_ipoib_mtu=0, opensm_partitions=parts, opensm_member_guids=members,
+        opensm_own_guids=[])
+
+
+def test_a_member_that_does_not_answer_keeps_the_guids_partitions_conf_records() -> None:
+    f = _filters()
+    members = {"gpu01": ["0xa088c20300000001", "0xa088c20300000002"], "gpu02": ["0xa088c20300000003"]}
+    conf = _render_partitions(members)
+    assert "# member gpu01: 0xa088c20300000001,0xa088c20300000002\n" in conf
+    # the lab's opensm (like opensm's parser) reads the records as comments: two partitions, three members
+    parsed = fabsim_sm.parse_partitions(conf)
+    assert [p["name"] for p in parsed] == ["Default", "tenant_a"]
+    assert [m["member"] for m in parsed[1]["members"]] == [g for gs in members.values() for g in gs]
+    # the next converge: gpu01 paused (unreachable), gpu02 answers with its ports
+    results = [{"item": "gpu01", "unreachable": True, "msg": "Connection timed out during banner exchange"},
+               {"item": "gpu02", "ports": [{"device": "mlx5_0", "port": 1, "guid": "0xa088c20300000003",
+                                            "link_layer": "InfiniBand"},
+                                           {"device": "mlx5_1", "port": 1, "guid": "0xa088c20300000004",
+                                            "link_layer": "Ethernet"}]}]
+    out = f.opensm_member_guids(results, conf)
+    assert out == {"guids": members, "kept": ["gpu01"], "missing": []}
+    assert _render_partitions(out["guids"]) == conf  # nothing in partitions.conf changes while gpu01 is away
+
+
+def test_a_member_never_seen_and_not_answering_is_missing() -> None:
+    f = _filters()
+    failed = [{"item": "gpu03", "failed": True, "msg": "no /sys/class/infiniband"}]
+    assert f.opensm_member_guids(failed, "") == {"guids": {}, "kept": [], "missing": ["gpu03"]}
+    # a hand-written line that is not a GUID list is not a record
+    assert f.opensm_member_guids(failed, "# member gpu03: see ticket 42\n")["missing"] == ["gpu03"]

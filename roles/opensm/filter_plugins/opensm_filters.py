@@ -158,6 +158,25 @@ def opensm_expected_master(plans: list[dict[str, Any]], foreign: Any = None) -> 
     return str(guid)
 
 
+def opensm_member_guids(results: list[dict[str, Any]], current_conf: str = "") -> dict[str, Any]:
+    """The loop results of reading each member's ports (``item`` the member) and the current partitions.conf
+    text -> ``{guids: {member: [GUID]}, kept: [...], missing: [...]}`` (see provisioner.fabric.sm.member_guids)."""
+    mod = _need_sm()
+    answers: dict[str, list[str] | None] = {}
+    for res in results or []:
+        node = str(res.get("item"))
+        if res.get("unreachable") or res.get("failed") or "ports" not in res:
+            answers[node] = None
+            continue
+        answers[node] = [str(p["guid"]) for p in res["ports"]
+                         if p.get("link_layer") == "InfiniBand" and p.get("guid")]
+    try:
+        out = mod.member_guids(answers, mod.recorded_members(str(current_conf or "")))
+    except ProvisionerError as exc:
+        raise AnsibleFilterError(str(exc)) from exc
+    return {"guids": out.guids, "kept": out.kept, "missing": out.missing}
+
+
 class FilterModule:
     """opensm role filters."""
 
@@ -171,4 +190,5 @@ class FilterModule:
             "opensm_conf_apply": opensm_conf_apply,
             "opensm_restart_order": opensm_restart_order,
             "opensm_expected_master": opensm_expected_master,
+            "opensm_member_guids": opensm_member_guids,
         }
