@@ -143,3 +143,86 @@ def test_paused_node_set_aside_then_resumed(lab: LabInfo, spec: Path, tmp_path: 
     assert j2.resumed_from == j1.run_id and j2.set_aside == {}
     assert j2.hosts["gpu02"].completed == ["validate", "render", "preflight", "repos"]
     assert j2.status == "passed"
+
+
+HOLD = """\
+- name: Preflight that holds until released
+  hosts: all
+  gather_facts: false
+  tasks:
+    - name: Reach the node
+      ansible.builtin.ping:
+    - name: Hold the phase
+      ansible.builtin.wait_for:
+        path: "{{ release_file }}"
+        timeout: 300
+      delegate_to: localhost
+      run_once: true
+"""
+
+KILLABLE = """
+import sys
+from pathlib import Path
+from provisioner.phases import NullReporter, RunOptions, provision_run
+
+class Say(NullReporter):
+    def event(self, phase, event):
+        if event.get("event") == "playbook_on_task_start":
+            print("task", event.get("event_data", {}).get("task"), flush=True)
+
+spec, overlay, state, playbooks, release = sys.argv[1:6]
+provision_run(Path(spec), RunOptions(overlay=overlay, only=["preflight"], max_fail=50,
+                                     extravars={"release_file": release}),
+              state_dir=Path(state), playbooks_dir=Path(playbooks), reporter=Say())
+"""
+
+
+def test_killed_mid_phase_then_resumed_and_a_second_run_refused(lab: LabInfo, spec: Path, tmp_path: Path) -> None:
+    """Chaos: kill -9 the run in the middle of preflight; a concurrent run is refused while it lives; the next run
+    finds it dead, ends its orphaned ansible-playbook, and --resume completes preflight on every node."""
+    import signal
+    import subprocess
+    import sys
+
+    from provisioner.interrupt import kill_run_processes
+    from provisioner.state import list_runs, status_rows
+
+    hold = tmp_path / "playbooks"
+    hold.mkdir()
+    (hold / "preflight.yml").write_text(HOLD)
+    script = tmp_path / "killable.py"
+    script.write_text(KILLABLE)
+    state = tmp_path / "state"
+    release = tmp_path / "release"
+    first = subprocess.Popen([sys.executable, str(script), str(spec), str(lab.overlay), str(state), str(hold),
+                              str(release)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert first.stdout is not None
+        for line in first.stdout:  # until ansible-playbook holds the phase (every node reached)
+            if line.strip() == "task Hold the phase":
+                break
+        else:
+            raise AssertionError(first.stderr.read() if first.stderr else "the run ended early")
+        second = subprocess.run([sys.executable, "-m", "provisioner.cli", "up", str(spec), "--overlay",
+                                 str(lab.overlay), "--out", str(state), "--only", "preflight", "--json"],
+                                capture_output=True, text=True, timeout=120, check=False)
+        assert second.returncode == 2 and "another provision run is working on" in second.stderr, second.stderr
+        first.send_signal(signal.SIGKILL)
+        assert first.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if first.poll() is None:
+            first.kill()
+    [killed] = list_runs(state)
+    assert killed.status == "running" and [r.status for r in status_rows(state)] == ["dead"]
+
+    j = provision_run(spec, RunOptions(overlay=str(lab.overlay), resume=True, max_fail=50), state_dir=state,
+                      playbooks_dir=spec.parent / "playbooks")
+    try:
+        assert j.resumed_from == killed.run_id and j.status == "passed", j.stop_reason
+        pre = j.phase("preflight")
+        assert pre is not None and pre.ok == ["gpu01", "gpu02", "gpu03", "sm1", "sm2"]
+        closed = {r.run_id: r for r in list_runs(state)}[killed.run_id]
+        assert closed.status == "dead" and closed.phase("preflight").status == "interrupted"  # type: ignore[union-attr]
+        assert kill_run_processes(state / "runs" / killed.run_id) == []  # the resumed run ended the orphans
+    finally:
+        release.write_text("")  # whatever still waits may end
