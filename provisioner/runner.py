@@ -201,11 +201,8 @@ class HostTally:
         self.saw_stats = True
         fields = {"ok": "ok", "changed": "changed", "failures": "failed", "dark": "unreachable",
                   "skipped": "skipped", "rescued": "rescued", "ignored": "ignored"}
-        for host in data.get("processed") or {}:
+        for host in {*(data.get("processed") or {}), *(h for key in fields for h in data.get(key) or {})}:
             self._host(str(host))
-        for stat_key in fields:
-            for host in data.get(stat_key) or {}:
-                self._host(str(host))
         for name, hs in self.hosts.items():
             for stat_key, attr in fields.items():
                 setattr(hs, attr, int((data.get(stat_key) or {}).get(name, 0)))

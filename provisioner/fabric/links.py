@@ -20,6 +20,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+from provisioner.fabric import schedule
 from provisioner.fabric.findings import CheckResult, Finding, Severity
 from provisioner.spec.catalog import IB_SPEEDS, WIDTHS
 from provisioner.spec.cluster import Cluster, Node, Port
@@ -317,8 +318,6 @@ def firmware(ibstat: Mapping[str, Any]) -> dict[str, str]:
     return {str(d.get("name")): str(d["firmware"]) for d in ibstat.get("devices", []) if d.get("firmware")}
 
 
-PAIRWISE_CHECK = "pairwise_bandwidth"
-
 
 def blame_flapping_ends(checks: Iterable[CheckResult], cluster: Cluster) -> list[CheckResult]:
     """Name the flapping end of a failed pair instead of "the link or route between them".
@@ -343,7 +342,8 @@ def blame_flapping_ends(checks: Iterable[CheckResult], cluster: Cluster) -> list
         return next((p.device for p in ports if p.rail == rail), None)
 
     def reattributed(f: Finding) -> Finding:
-        if f.check != PAIRWISE_CHECK or f.severity != "error" or f.peer is None or f.node is None or f.rail is None:
+        if (f.check != schedule.CHECK_NAME or f.severity != "error" or f.peer is None or f.node is None
+                or f.rail is None):
             return f
         ends = [(n, device_on_rail(n, f.rail)) for n in (f.node, f.peer)]
         guilty = [(n, d) for n, d in ends if d is not None and (n, d) in flapped]
@@ -363,7 +363,7 @@ def blame_flapping_ends(checks: Iterable[CheckResult], cluster: Cluster) -> list
 
     out: list[CheckResult] = []
     for c in results:
-        if c.name != PAIRWISE_CHECK or not c.findings:
+        if c.name != schedule.CHECK_NAME or not c.findings:
             out.append(c)
             continue
         found = tuple(reattributed(f) for f in c.findings)

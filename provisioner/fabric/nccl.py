@@ -25,7 +25,7 @@ from provisioner.fabric.schedule import PairResult, Round, judge, run_quick, ver
 from provisioner.parsers import parse
 from provisioner.remote import Completed
 from provisioner.spec.cluster import Cluster, Node
-from provisioner.spec.rules import nccl_pkey
+from provisioner.spec.rules import full_pkey, nccl_pkey
 
 CHECK = "nccl"
 
@@ -142,7 +142,7 @@ def pkey_groups(cluster: Cluster, nodes: Sequence[Node]) -> list[tuple[str, list
     by_key: dict[str | None, list[Node]] = {}
     for n in nodes:
         by_key.setdefault(nccl_pkey(cluster, n), []).append(n)
-    names = {f"{p.pkey & 0x7FFF | 0x8000:#06x}": p.name for p in cluster.spec.fabric.partitions}
+    names = {full_pkey(p.pkey): p.name for p in cluster.spec.fabric.partitions}
     return [(f"{names.get(key, 'partition')} (P_Key {key})" if key else "the default partition", group)
             for key, group in by_key.items()]
 

@@ -367,9 +367,8 @@ def partition_members(
     return out
 
 
-MEMBER_RECORD = "# member "
-"""partitions.conf carries one comment per partition member, ``# member gpu01: 0x...,0x...``, so that a later
-converge can keep a member that does not answer with the GUIDs it had (opensm reads ``#`` lines as comments)."""
+# partitions.conf carries one comment per partition member, ``# member gpu01: 0x...,0x...``, so that a later
+# converge can keep a member that does not answer with the GUIDs it had (opensm reads ``#`` lines as comments).
 _MEMBER_RECORD_RE = re.compile(r"^# member (?P<node>[A-Za-z0-9._-]+): (?P<guids>.*)$")
 
 

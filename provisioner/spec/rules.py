@@ -729,8 +729,13 @@ def nccl_pkey(cluster: Cluster, node: Node) -> str | None:
     for part in cluster.spec.fabric.partitions:
         full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
         if full and node.name in members(part.members, cluster):
-            return f"{part.pkey & 0x7FFF | 0x8000:#06x}"
+            return full_pkey(part.pkey)
     return None
+
+
+def full_pkey(pkey: int) -> str:
+    """A partition's P_Key with the full-member bit set, as text (``0x8001``): what a full member's table holds."""
+    return f"{pkey & 0x7FFF | 0x8000:#06x}"
 
 
 def _addresses(c: Cluster, rep: Reporter, expr: str, count: int, path: Path) -> list[str] | None:
