@@ -58,8 +58,8 @@ def fabric(count: int = 3) -> tuple[list[LabSwitch], list[LabCable]]:
     return switches, cables
 
 
-MPI_PACKAGES = "openmpi-bin libopenmpi-dev"
-"""The OS's Open MPI the nccl role installs (in the lab: stand-ins from the lab repository)."""
+MPI_PACKAGES = "openmpi-bin"
+"""The Open MPI runtime the nccl role installs for a site-built nccl-tests (headers only for a source build)."""
 
 
 def mpi_trust(run: Callable[[str, str], str], gpu_nodes: Sequence[str], known_hosts: str) -> None:

@@ -60,5 +60,11 @@ def test_source_build_is_the_pinned_tag_with_mpi_against_the_pinned_nccl() -> No
     assert values["nccl_tests_source_url"].endswith("/v2.13.10.tar.gz")
     assert values["nccl_tests_source_dir"].strip() == "/usr/local/src/nccl-tests-2.13.10-nccl2.21.5-cuda12.4-mpi"
     assert render(make["creates"]).startswith(values["nccl_tests_source_dir"])
-    assert values["nccl_tests_build_from_source"] is True and values["nccl_mpi_packages"] == ["openmpi-bin",
-                                                                                              "libopenmpi-dev"]
+    assert values["nccl_tests_build_from_source"] is True and values["nccl_mpi_packages"] == ["openmpi-bin"]
+    # the headers (and Debian's gfortran under libopenmpi-dev) only for a source build with MPI=1, no recommends
+    assert values["nccl_mpi_dev_packages"] == ["libopenmpi-dev"]
+    install = yaml.safe_load((role / "tasks" / "install.yml").read_text())
+    dev = next(t for t in install if "ansible.builtin.apt" in t and t["ansible.builtin.apt"]["name"]
+               == "{{ nccl_mpi_dev_packages }}")
+    assert dev["ansible.builtin.apt"]["install_recommends"] is False
+    assert {"nccl_tests_build_from_source", "nccl_tests_build_mpi"} <= set(dev["when"])
