@@ -9,7 +9,13 @@ roles/, verify from provisioner.verify. The tests share one lab and one state di
    not a sleep), gpu02 loses its nvidia_peermem module, gpu03's mlx5_1 link trains at 2X; the run finishes sm1,
    sets each faulty node aside with its reason, prints the copy-pastable retry command, and exits 1;
 3. the faults cleared, that retry command's `--resume` ends green (exit 0) and touches only the set-aside
-   nodes, each from the phase it stopped in (the journal says so).
+   nodes, each from the phase it stopped in (the journal says so);
+4. a hardware swap of gpu01 (new GUIDs, serials, SSH host keys): a plain run and a plain replace-node refuse the
+   changed key; replace-node with ``--accept-new-host-key`` converges gpu01 alone, re-renders the SM's
+   partitions.conf with the new GUIDs (nothing else in it), reloads the SM with SIGHUP (no restart, no change of
+   master), the partition still admits gpu01, verification passes, and gpu02, gpu03 and sm1 are unchanged (every
+   file under /etc: content, size and mtime; every package version). It runs on this lab, converged by the tests
+   before it, rather than on a lab of its own: a second full converge would only repeat the first test's.
 
 Run: ``PROVISIONER_LAB_DIR=/tmp/e2e-lab pytest -m lab tests/lab/test_e2e_lab.py`` (root, podman). On 2 shared
 cores the first converge dominates (several minutes); the cluster name is ``e2etest`` unless
@@ -22,7 +28,9 @@ import json
 import os
 import shlex
 import shutil
-from collections.abc import Iterator, Mapping
+import subprocess
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -30,15 +38,20 @@ from typing import Any
 import pytest
 
 from provisioner import cli
+from provisioner.errors import RemoteError
 from provisioner.lab import faults, fromspec
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
 from provisioner.lab.host import ensure_containers_conf, podman
 from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.lab.names import container_name
-from provisioner.phases import PHASE_NAMES, one_line
+from provisioner.lab.simtools import fabsim_reach, fabsim_sm
+from provisioner.phases import PHASE_NAMES, RunOptions, one_line, provision_run
 from provisioner.progress import LiveReporter
+from provisioner.remote import SshRemote, targets_from_cluster
+from provisioner.replace import HostKeyRefused, observe, replace_node, summary_lines
+from provisioner.runner import control_path_dir
 from provisioner.spec import load_cluster
-from provisioner.state import RunJournal, last_run, list_runs
+from provisioner.state import RunJournal, hardware_history, last_run, list_runs, record_hardware
 
 pytestmark = [
     pytest.mark.lab,
@@ -246,3 +259,138 @@ def _summary_of(j: RunJournal) -> str:
 
     return "\n".join(summary_lines(j))
 
+
+
+# --- 4. replace-node after a hardware swap --------------------------------------------------------------------------
+
+NODE, PEERS, SM = "gpu01", ["gpu02", "gpu03"], "sm1"
+TENANT_PKEY = "0x8001"  # tenant_a: gpu01 and gpu02
+
+
+def sh(host: str, command: str) -> str:
+    """``command``'s output in ``host``'s container (the trusted local channel, not SSH)."""
+    done = podman("exec", container_name(CLUSTER, host), "sh", "-c", command, check=False, timeout=120)
+    return str(done.stdout)
+
+
+def wait_for(what: str, probe: Callable[[], bool], deadline_s: float = 90.0) -> None:
+    end = time.monotonic() + deadline_s
+    while not probe():
+        assert time.monotonic() < end, f"timed out waiting for {what}"
+        time.sleep(1.0)
+
+
+def snapshot(host: str) -> dict[str, str]:
+    """Every file under /etc (size, mtime, checksum) and every package version, as the container sees them."""
+    files = sh(host, "find /etc -xdev -type f -printf '%p %s %T@ ' -exec md5sum {} \\; | awk '{print $1, $2, $3, $4}'")
+    pkgs = sh(host, "dpkg-query -W -f '${Package} ${Version}\\n'")
+    out = {f"pkg {ln.split(' ', 1)[0]}": ln for ln in pkgs.splitlines() if ln}
+    out.update({f"file {ln.split(' ', 1)[0]}": ln for ln in files.splitlines() if ln})
+    return out
+
+
+def diff(a: dict[str, str], b: dict[str, str]) -> set[str]:
+    """The keys whose line differs (added, removed or changed)."""
+    return {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+
+
+def sm_service() -> dict[str, str]:
+    text = sh(SM, "systemctl show opensmd -p MainPID -p ActiveEnterTimestampMonotonic -p ActiveState")
+    return dict(ln.split("=", 1) for ln in text.splitlines() if "=" in ln)
+
+
+def close_control_masters(state: Path) -> None:
+    """A real swap reboots the node, which ends every SSH connection to it; the lab's swap only restarts sshd
+    (sessions survive), so the multiplexed masters of the earlier runs are ended here, as a reboot would."""
+    cp = control_path_dir(state)
+    for sock in cp.glob("*") if cp.is_dir() else []:
+        subprocess.run(["ssh", "-O", "exit", "-o", f"ControlPath={sock}", "lab"], capture_output=True, timeout=20,
+                       check=False)
+
+
+def test_replace_node_after_a_hardware_swap(lab: Lab) -> None:
+    assert journal(lab).status == "passed", "needs the green lab of the resume test"
+    state, overlay = lab.state, lab.info.overlay
+    cluster, _ = load_cluster(lab.spec, overlay)
+    targets = targets_from_cluster(cluster)
+    with SshRemote(targets) as remote:  # the hardware as it is now, serials included (verify records GUIDs)
+        for host in (NODE, *PEERS, SM):
+            obs = observe(remote, host)
+            record_hardware(state, host, guids=obs.guids, serials=obs.serials)
+        old = observe(remote, NODE)
+        peer_guid = observe(remote, PEERS[0]).guids["mlx5_0/1"]
+    before = {h: snapshot(h) for h in (*PEERS, SM)}
+    parts_before = sh(SM, "cat /etc/opensm/partitions.conf")
+    conf_before = sh(SM, "cat /etc/opensm/opensm.conf")
+    service_before = sm_service()
+    history_before = fabsim_sm.load_history(lab.root)
+    kh = Path(targets[NODE].known_hosts)
+    kh_before = kh.read_text()
+    for guid in (old.guids["mlx5_0/1"], old.guids["mlx5_1/1"]):
+        assert guid in parts_before
+
+    faults.inject(lab.root, NODE, "hardware_swap")
+    close_control_masters(state)
+    new_fp = sh(NODE, "ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub").split()[1]
+
+    # a plain verify and a plain run refuse the changed host key
+    with SshRemote(targets) as remote, pytest.raises(RemoteError, match="host key CHANGED"):
+        remote.run(NODE, ["true"], timeout=10)
+    plain = provision_run(lab.spec, RunOptions(only=["preflight"], limit=NODE, overlay=str(overlay)), state_dir=state)
+    assert plain.status == "stopped" and plain.set_aside[NODE]["state"] == "unreachable"  # its only host is out
+    assert "Host key verification failed" in plain.set_aside[NODE]["reason"]
+
+    # replace-node without a flag: refused, the new fingerprint shown, nothing changed
+    with pytest.raises(HostKeyRefused) as refused:
+        replace_node(lab.spec, NODE, overlay=overlay, state_dir=state)
+    assert new_fp in str(refused.value)
+    assert kh.read_text() == kh_before
+
+    # with the flag: converges gpu01, re-renders the SM's partitions, verifies
+    result = replace_node(lab.spec, NODE, overlay=overlay, state_dir=state, accept_new_host_key=True)
+    summary = "\n".join(summary_lines(result))
+    assert result.exit_code == 0, summary
+    assert result.fingerprint == new_fp and new_fp in summary
+    # the node's own phases; the peers' MPI SSH trust of its new keys (gpu_stack, --tags nccl_mpi_ssh_trust); the
+    # SM's partitions; then the node's own fabric phase (IPoIB, NCCL_IB_PKEY from the new P_Key table) and storage
+    assert [(p, h) for p, h, _ in result.phases] == [
+        ("preflight", NODE), ("repos", NODE), ("ofed", NODE), ("gpu_stack", NODE),
+        ("gpu_stack", ",".join([NODE, *PEERS])), ("fabric", SM), ("fabric", NODE), ("storage", NODE)]
+    assert result.peers == PEERS and result.report is not None and result.report.verdict.exit_code == 0
+
+    new = result.observation
+    swapped = {"mlx5_0/1", "mlx5_1/1"}
+    assert all(new.guids[k] != old.guids[k] for k in swapped)
+    changes = {(c.kind, c.key): (c.old, c.new) for c in hardware_history(state, NODE)}
+    for key in swapped:
+        assert changes[("guid", key)] == (old.guids[key], new.guids[key])
+    assert ("serial", "gpu0") in changes and changes[("host_key", "ssh-ed25519")][1] == new_fp
+    assert "# replaced " in kh.read_text() and new_fp not in kh_before
+
+    # the SM: new GUIDs in partitions.conf, nothing else in it changed, opensm.conf untouched, SM reloaded
+    parts_after = sh(SM, "cat /etc/opensm/partitions.conf")
+    expected = parts_before
+    for key in swapped:
+        expected = expected.replace(old.guids[key], new.guids[key])
+    assert parts_after == expected and parts_after != parts_before
+    assert sh(SM, "cat /etc/opensm/opensm.conf") == conf_before
+    assert result.sm_config_changed == [SM] and result.sm_reloaded == [SM] and result.sm_restarted == []
+    service_after = sm_service()
+    assert service_after["ActiveState"] == "active"
+    assert service_after["MainPID"] == service_before["MainPID"]  # the same opensm, never stopped
+    history = fabsim_sm.load_history(lab.root)
+    assert history["restarts"] == history_before["restarts"], history["events"][-8:]
+    assert history["mastership_changes"] == history_before["mastership_changes"]
+    assert history["outages"] == history_before["outages"]
+
+    # the partition still admits gpu01 (as enforced by the master SM now), and no longer the old board
+    wait_for("the SM to enforce the new partitions", lambda: fabsim_reach.can_reach(
+        fabsim_reach.load_partitions(lab.root), TENANT_PKEY, new.guids["mlx5_0/1"], peer_guid))
+    assert not fabsim_reach.can_reach(fabsim_reach.load_partitions(lab.root), TENANT_PKEY, old.guids["mlx5_0/1"],
+                                      peer_guid)
+
+    # nothing else changed on the other nodes
+    after = {h: snapshot(h) for h in (*PEERS, SM)}
+    for peer in PEERS:
+        assert diff(before[peer], after[peer]) == set(), peer
+    assert diff(before[SM], after[SM]) == {"file /etc/opensm/partitions.conf"}
