@@ -68,11 +68,15 @@ def test_every_platform_is_a_lab_node_with_its_mounts(scenario: Path) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
 def test_sequences_run_labprep_after_destroy_and_before_create(scenario: Path) -> None:
     seq = _yaml(scenario / "molecule.yml")["scenario"]
-    for name in ("test_sequence", "converge_sequence", "create_sequence"):
+    for name in ("test_sequence", "converge_sequence", "create_sequence", "check_sequence"):
         steps = seq[name]
-        assert steps.index("dependency") < steps.index("create"), name
-        if "destroy" in steps:
-            assert steps.index("destroy") < steps.index("dependency"), name
+        dep, create = steps.index("dependency"), steps.index("create")
+        assert dep < create, name
+        # destroy prunes $EPH: between labprep (dependency) and create it would remove what the platforms mount
+        assert "destroy" not in steps[dep:create], name
+    # scripts/molecule-all destroys a scenario's leftovers before `molecule test`, which then needs no destroy
+    # first; it must still end with one, or its containers stay behind
+    assert seq["test_sequence"][-1] == "destroy"
 
 
 def test_parse_plan_rejects_typos_and_duplicates() -> None:
