@@ -47,6 +47,25 @@ def _yaml(path: Path) -> Any:
     return yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)
 
 
+def _config(scenario: Path) -> dict[str, Any]:
+    """The scenario's molecule.yml merged over the shared base (.config/molecule/config.yml) as molecule merges."""
+    from molecule.util import merge_dicts
+
+    return dict(merge_dicts(_yaml(ROOT / ".config/molecule/config.yml"), _yaml(scenario / "molecule.yml")))
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
+def test_scenarios_keep_only_what_is_theirs(scenario: Path) -> None:
+    """The shared settings live in the base once: a scenario that repeats one has become a near-copy again."""
+    base, own = _yaml(ROOT / ".config/molecule/config.yml"), _yaml(scenario / "molecule.yml")
+    assert set(own) <= {"platforms", "provisioner", "scenario"}, sorted(set(own) - {"platforms", "provisioner"})
+    assert set(own.get("scenario", {})) <= {"test_sequence"}
+    assert set(own.get("provisioner", {})) <= {"inventory"}
+    assert base["driver"]["name"] == "podman" and base["dependency"]["name"] == "shell"
+    assert _config(scenario)["ansible"]["cfg"]["defaults"]["connection_plugins"].endswith(
+        "molecule/_shared/connection_plugins")
+
+
 def test_my_scenarios_exist() -> None:
     assert {s.name for s in SCENARIOS} >= set(MY_SCENARIOS)
 
@@ -54,7 +73,7 @@ def test_my_scenarios_exist() -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
 def test_every_platform_is_a_lab_node_with_its_mounts(scenario: Path) -> None:
     plan = labprep.load_plan(scenario / "lab.yml")
-    molecule = _yaml(scenario / "molecule.yml")
+    molecule = _config(scenario)
     hosts = {n.hostname for n in plan.nodes}
     eph = Path("${MOLECULE_EPHEMERAL_DIRECTORY}")
     for platform in molecule["platforms"]:
@@ -67,7 +86,7 @@ def test_every_platform_is_a_lab_node_with_its_mounts(scenario: Path) -> None:
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda p: p.name)
 def test_sequences_run_labprep_after_destroy_and_before_create(scenario: Path) -> None:
-    seq = _yaml(scenario / "molecule.yml")["scenario"]
+    seq = _config(scenario)["scenario"]
     for name in ("test_sequence", "converge_sequence", "create_sequence", "check_sequence"):
         steps = seq[name]
         dep, create = steps.index("dependency"), steps.index("create")
