@@ -19,6 +19,7 @@ from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
 from provisioner.interrupt import Interrupted
 from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
+from provisioner.state import state_dir_for
 
 EPILOG = """\b
 Examples:
@@ -317,7 +318,7 @@ def plan_cmd(
     from provisioner.slurm.membership import current
 
     cluster, _ = load_cluster(spec, overlay)
-    sdir = out_dir or Path(".provision") / cluster.name
+    sdir = state_dir_for(cluster.name, out_dir)
     nodes = expand_limit(limit, [n.name for n in cluster.nodes])
     if cached:
         manifests, missing = cached_manifests(sdir, nodes)
@@ -351,7 +352,7 @@ def _print_run_drift(spec: Path, overlay: Path | None, out_dir: Path | None, run
     from provisioner.drift import DriftReport, summary_lines
 
     cluster, _ = load_cluster(spec, overlay)
-    path = (out_dir or Path(".provision") / cluster.name) / "runs" / run_id / "drift.json"
+    path = state_dir_for(cluster.name, out_dir) / "runs" / run_id / "drift.json"
     if path.is_file():
         for line in summary_lines(DriftReport.from_json(json.loads(path.read_text(encoding="utf-8")))):
             err.print(line, markup=False)
@@ -385,7 +386,7 @@ def drift_cmd(
 
     cluster, _ = load_cluster(spec, overlay)
     nodes = expand_limit(limit, [n.name for n in cluster.nodes], build_inventory(cluster).groups)
-    report = check_cluster(cluster, out_dir or Path(".provision") / cluster.name, nodes=nodes)
+    report = check_cluster(cluster, state_dir_for(cluster.name, out_dir), nodes=nodes)
     if as_json:
         out.print_json(json.dumps(report.to_json()))
     else:
@@ -410,7 +411,7 @@ def status_cmd(
     from provisioner.state import status_rows
 
     cluster, _ = load_cluster(spec, overlay)
-    rows = status_rows(out_dir or Path(".provision") / cluster.name, last=last)
+    rows = status_rows(state_dir_for(cluster.name, out_dir), last=last)
     if as_json:
         out.print_json(json.dumps([asdict(r) for r in rows]))
         return
@@ -419,7 +420,7 @@ def status_cmd(
         table.add_row(r.run_id, r.started, r.status + (f" ({r.stop_reason})" if r.stop_reason else ""), r.phases,
                       str(r.hosts), r.set_aside or "-")
     out.print(table)
-    _print_latest_drift(out_dir or Path(".provision") / cluster.name)
+    _print_latest_drift(state_dir_for(cluster.name, out_dir))
 
 
 @app.command("verify")
@@ -452,7 +453,7 @@ def verify_cmd(
     cluster, warnings = load_cluster(spec, overlay)
     _print_diagnostics(warnings)
     tests = [t.strip() for t in only.split(",") if t.strip()] if only else None
-    with run_lock(out_dir or Path(".provision") / cluster.name, command="provision verify"):  # not during a run
+    with run_lock(state_dir_for(cluster.name, out_dir), command="provision verify"):  # not during a run
         run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
                      progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
     if junit:
@@ -619,7 +620,7 @@ def trust_host_cmd(
             raise UsageError("--fingerprint names one node's key; for several nodes use --fingerprints FILE")
         expected[chosen[0]] = check_fingerprint(fingerprint, "--fingerprint")
     results = trust_hosts(targets_from_cluster(cluster), chosen, expected)
-    state = out_dir or Path(".provision") / cluster.name
+    state = state_dir_for(cluster.name, out_dir)
     for r in results:
         if r.status == "trusted" and r.offered:
             record_host_key(state, r.node, old=[], new=r.offered, key_type="ssh")

@@ -40,7 +40,7 @@ from provisioner.rolling import batch_failures, pick_batch_peers, verify_batch
 from provisioner.slurm.ctl import SlurmCtl
 from provisioner.slurm.membership import Membership, current, record_swap
 from provisioner.spec.cluster import Cluster
-from provisioner.state import utcnow, write_json_atomic
+from provisioner.state import state_dir_for, utcnow, write_json_atomic
 
 FAILOVER_DIR = "failover"
 Progress = Callable[[str], None]
@@ -318,7 +318,7 @@ def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | 
     cluster, _ = load_cluster(spec, overlay)
     if cluster.spec.slurm is None:
         raise UsageError("the spec has no slurm section: failover puts a spare into a Slurm partition")
-    sdir = state_dir or Path(".provision") / cluster.name
+    sdir = state_dir_for(cluster.name, state_dir)
     sdir.mkdir(parents=True, exist_ok=True)
     remote = (remote_factory or SshRemote)(targets_from_cluster(cluster))
     return Failover(spec, cluster, sdir, SlurmCtl(remote, cluster.spec.slurm.controller), remote,

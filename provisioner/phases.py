@@ -48,6 +48,7 @@ from provisioner.state import (
     run_lock,
     runs_dir,
     save_journal,
+    state_dir_for,
     utcnow,
 )
 
@@ -520,7 +521,7 @@ def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runn
     cluster, warnings = load_cluster(spec, overlay)
     if state_dir is not None and options.out is None:
         options = replace(options, out=str(state_dir))
-    sdir = state_dir or Path(".provision") / cluster.name
+    sdir = state_dir_for(cluster.name, state_dir)
     run_id = new_run_id()
     groups = build_inventory(cluster).groups
     with run_lock(sdir, run_id=run_id, command="provision up" + (" --check" if options.check else "")):

@@ -58,6 +58,7 @@ from provisioner.state import (
     record_hardware,
     record_host_key,
     run_lock,
+    state_dir_for,
     utcnow,
 )
 
@@ -442,7 +443,7 @@ def replace_node(
     names = [n.name for n in cluster.nodes]
     if node not in names:
         raise UsageError(f"{node} is not a node of {spec}", hint="one of " + ", ".join(names))
-    sdir = state_dir or Path(".provision") / cluster.name
+    sdir = state_dir_for(cluster.name, state_dir)
     with run_lock(sdir, command=f"provision replace-node {node}"):  # its runs take the same lock (re-entrant)
         return _replace_node(spec, node, cluster, sdir, overlay=overlay, accept_new_host_key=accept_new_host_key,
                              expected=expected, peers=peers, progress=progress, reporter=reporter, run=run,

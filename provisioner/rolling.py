@@ -38,7 +38,7 @@ from provisioner.report import VerifyReport
 from provisioner.slurm.ctl import SlurmCtl, reason_text
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
-from provisioner.state import new_run_id, utcnow, write_json_atomic
+from provisioner.state import new_run_id, state_dir_for, utcnow, write_json_atomic
 
 ROLLING_DIR = "rolling"
 JOURNAL = "rolling.json"
@@ -364,7 +364,7 @@ def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | No
     from provisioner.spec import load_cluster
 
     cluster, _ = load_cluster(spec, overlay)
-    sdir = state_dir or Path(".provision") / cluster.name
+    sdir = state_dir_for(cluster.name, state_dir)
     sdir.mkdir(parents=True, exist_ok=True)
     remote = (remote_factory or SshRemote)(targets_from_cluster(cluster))
     try:

@@ -38,6 +38,15 @@ from typing_extensions import TypedDict  # pydantic needs this one on Python < 3
 
 from provisioner.errors import UsageError
 
+STATE_ROOT = Path(".provision")
+"""Where state directories live unless --out says otherwise: one per cluster, relative to the working directory."""
+
+
+def state_dir_for(cluster_name: str, out: Path | None = None) -> Path:
+    """The state directory of a cluster: ``out`` when given, else ``.provision/<cluster>`` (the one place that says)."""
+    return out if out is not None else STATE_ROOT / cluster_name
+
+
 JOURNAL = "journal.json"
 HARDWARE = "hardware.json"
 LOCK = "run.lock"

@@ -48,7 +48,7 @@ from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluster
 from provisioner.report import VerifyReport, fabric_picture, to_html, to_json, to_junit
 from provisioner.spec.cluster import Cluster, Node
-from provisioner.state import symlink_atomic, write_text_atomic
+from provisioner.state import state_dir_for, symlink_atomic, write_text_atomic
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
@@ -553,7 +553,7 @@ def verify(
             rem.close()
     finished = now()
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
-    root = (state_dir or Path(".provision") / cluster.name) / "verify"
+    root = state_dir_for(cluster.name, state_dir) / "verify"
     base_path = root / "baseline.json"
     size = cluster.spec.verify.bandwidth.message_size
     drift = baseline.compare(baseline.load(base_path), v.matrix, size, v.nccl_busbw)

@@ -16,7 +16,7 @@ import yaml
 from provisioner.gcpause import without_gc
 from provisioner.render.model import Inventory, build_inventory
 from provisioner.spec.cluster import Cluster
-from provisioner.state import fsync_dir, write_text_atomic
+from provisioner.state import fsync_dir, state_dir_for, write_text_atomic
 
 _ENV = jinja2.Environment(
     loader=jinja2.PackageLoader("provisioner.render", "templates"),
@@ -124,7 +124,7 @@ class RenderResult:
 
 
 def default_state_dir(cluster: Cluster) -> Path:
-    return Path(".provision") / cluster.name
+    return state_dir_for(cluster.name)
 
 
 def render_inventory(cluster: Cluster, out_dir: Path | None = None) -> RenderResult:

@@ -135,3 +135,14 @@ def test_latest_link_uses_a_unique_temp_name(tmp_path: Path, monkeypatch: pytest
     assert Path(src).name != ".latest.tmp"
     log.check(tmp_path / "verify" / "20250101T000000Z" / "report.json")
     assert os.readlink(tmp_path / "verify" / "latest") == "20250101T000000Z"
+
+
+def test_one_place_knows_the_default_state_directory() -> None:
+    """`.provision/<cluster>` is spelled in provisioner.state alone; every command asks state_dir_for."""
+    from provisioner.state import state_dir_for
+
+    root = Path(__file__).resolve().parents[2] / "provisioner"
+    spelled = [str(p.relative_to(root)) for p in root.rglob("*.py")
+               if p.name != "state.py" and '".provision"' in p.read_text(encoding="utf-8")]
+    assert spelled == []
+    assert state_dir_for("c1") == Path(".provision/c1") and state_dir_for("c1", Path("/x")) == Path("/x")
