@@ -235,3 +235,72 @@ def test_orphans_of_a_dead_run_are_killed(tmp_path: Path) -> None:
             if p.poll() is None:
                 p.kill()
                 p.wait()
+
+
+STUBBORN = """
+import subprocess, sys, time
+from pathlib import Path
+from provisioner import interrupt
+
+hooked = Path(sys.argv[1])
+# a child in its own session that ignores SIGTERM, as an ansible-playbook stuck in a worker would
+child = subprocess.Popen(["sh", "-c", "trap '' TERM; echo $$; exec sleep 300"], start_new_session=True,
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+print("child", child.stdout.readline().strip(), flush=True)
+with interrupt.interruptible(), interrupt.on_abort(lambda signum: hooked.write_text(str(signum))), \\
+        interrupt.child_running():
+    print("ready", flush=True)
+    said = False
+    while True:  # what run_playbook does while ansible-runner waits: only cancel_requested ends it, after GRACE_S
+        if interrupt.requested() is not None and not said:
+            print("first", flush=True)
+            said = True
+        if interrupt.cancel_requested():
+            print("waited out the grace", flush=True)
+            sys.exit(3)
+        time.sleep(0.05)
+"""
+
+
+def test_a_second_ctrl_c_aborts_at_once_under_a_child_that_ignores_sigterm(tmp_path: Path) -> None:
+    """The first Ctrl-C asks the child to stop and would wait GRACE_S for it; the second runs the abort hooks, kills
+    the child's process group and exits 130 at once (interrupt.abort_now), far inside the grace period."""
+    from provisioner.interrupt import GRACE_S
+
+    script = tmp_path / "stubborn.py"
+    script.write_text(STUBBORN)
+    hooked = tmp_path / "hooked"
+    proc = subprocess.Popen([sys.executable, str(script), str(hooked)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    child = 0
+    try:
+        assert proc.stdout is not None
+        child = int(proc.stdout.readline().split()[1])
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signal.SIGINT)
+        assert proc.stdout.readline().strip() == "first"  # handled: the child got SIGTERM and ignores it
+        assert os.path.exists(f"/proc/{child}")
+        started = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=GRACE_S * 3)
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        with contextlib.suppress(OSError):
+            os.killpg(child, signal.SIGKILL)
+    assert proc.returncode == 130, (out, err)
+    assert "waited out the grace" not in out
+    assert took < GRACE_S / 2, took  # ABORT_GRACE_S for the child, then SIGKILL of its group
+    assert hooked.read_text() == str(int(signal.SIGINT))  # the abort hook (the engine closes its journal there)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and _state(child) != "Z" and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not Path(f"/proc/{child}").exists() or _state(child) == "Z"  # killed with its group
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return "gone"
