@@ -144,7 +144,8 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     # follow-up needs three nodes in one run
     text = text.replace('members: "gpu[01-02]"', 'members: "gpu[01-03]"').replace('"10.31.0.[11-12]"',
                                                                                  '"10.31.0.[11-13]"')
-    spec.write_text(text + "  tests: [links, ipoib, bandwidth, gpudirect, nccl, cabling]\n")
+    # no "cabling" in the list: a spec that plans cables gets the cabling check by default (the switch tests below)
+    spec.write_text(text + "  tests: [links, ipoib, bandwidth, gpudirect, nccl]\n")
     base, _ = load_cluster(spec)
 
     def teardown() -> None:
@@ -440,12 +441,22 @@ def test_ipoib_wrong_address_is_named_with_both_addresses(labc: Lab) -> None:
 # ---------------------------------------------------------------- switch faults (leaf ports 62-64 go up to spine1)
 
 
+def default_verify(cluster: Cluster, *tests: str) -> VerifyRun:
+    """`provision verify` with no --only, for a spec whose verify.tests lists ``tests`` (never cabling): what the
+    default selection adds (versions and sm with links, cabling wherever the spec plans cables) runs too."""
+    assert "cabling" not in tests
+    spec = cluster.spec.model_copy(update={"verify": cluster.spec.verify.model_copy(update={"tests": list(tests)})})
+    run = verify(dataclasses.replace(cluster, spec=spec), write=False)
+    assert "switch_links" in {c.name for c in run.report.checks}, [c.name for c in run.report.checks]
+    return run
+
+
 def test_uplink_down_is_named_and_the_load_round_blames_the_leaf(labc: Lab) -> None:
     """One of leaf2's three uplinks gone: the link is named by both its ports, leaf2's oversubscription is
     given, and the load round (healthy above: no slow flow) blames leaf2, not the nodes on it."""
     inject(labc, "leaf2", "uplink_down", port=63)
     try:
-        run = verify(labc.cluster, tests=["cabling", "bandwidth"], write=False)
+        run = default_verify(labc.cluster, "links", "bandwidth")
     finally:
         assert faults.clear(labc.root, "leaf2", "uplink_down")
         faults.reset_switch_counters(labc.root)
@@ -465,7 +476,7 @@ def test_uplink_down_is_named_and_the_load_round_blames_the_leaf(labc: Lab) -> N
 def test_uplink_degraded_is_named_with_its_switch_port_counters(labc: Lab) -> None:
     inject(labc, "leaf1", "uplink_degraded", port=62, width="2X")
     try:
-        run = verify(labc.cluster, tests=["cabling"], write=False)
+        run = default_verify(labc.cluster, "links")
     finally:
         assert faults.clear(labc.root, "leaf1", "uplink_degraded")
         faults.reset_switch_counters(labc.root)
@@ -482,7 +493,7 @@ def test_uplink_degraded_is_named_with_its_switch_port_counters(labc: Lab) -> No
 def test_switch_down_names_the_switch_and_every_link_it_took(labc: Lab) -> None:
     inject(labc, "spine1", "switch_down")
     try:
-        run = verify(labc.cluster, tests=["cabling"], write=False)
+        run = default_verify(labc.cluster, "links")
     finally:
         assert faults.clear(labc.root, "spine1", "switch_down")
         faults.reset_switch_counters(labc.root)
