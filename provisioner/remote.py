@@ -1,11 +1,11 @@
-"""Remote execution over SSH: the only module that imports paramiko.
+"""Remote execution over SSH (with provisioner.hostkeys, the only modules that import paramiko).
 
 Why it looks the way it does:
 
 * **Host keys are verified, never learnt.** The client loads the spec's ``known_hosts`` and refuses any host
   whose key is missing or different (``RejectPolicy``). The error names the host, the address and the key's
-  SHA256 fingerprint, and says how to accept it explicitly (:func:`accept_host_key` checks a fingerprint the
-  operator copied from the console or BMC before writing anything).
+  SHA256 fingerprint, and says how to accept it explicitly (``provision trust-host`` with the fingerprint the
+  operator copied from the console or BMC; provisioner.hostkeys holds the keys and the decision).
 * **Commands are argv lists**, joined with :func:`shlex.join`. Every spec value that reaches them is already
   pattern-checked by the spec models; quoting them anyway costs nothing.
 * **Nothing hangs.** Every command runs under the remote ``timeout`` (coreutils) and under a local deadline;
@@ -21,9 +21,7 @@ can drive them with a fake that returns captured tool outputs.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import math
 import re
 import shlex
@@ -33,11 +31,12 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, NoReturn, Protocol
+from typing import NamedTuple, Protocol
 
 import paramiko
 
 from provisioner.errors import RemoteError, UsageError
+from provisioner.hostkeys import RejectWithFingerprint, fingerprint, load_known_hosts
 
 RC_TIMEOUT = 124
 RC_UNREACHABLE = 255
@@ -114,17 +113,6 @@ def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, time
     return shlex.join([*words, *argv])
 
 
-def fingerprint(key: paramiko.PKey) -> str:
-    """OpenSSH's ``SHA256:`` fingerprint of a public key (what ``ssh-keygen -lf`` prints)."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode("ascii").rstrip("=")
-
-
-def known_hosts_name(address: str, port: int) -> str:
-    """The name a known_hosts line uses for ``address``: ``[addr]:port`` when the port is not 22."""
-    return address if port == 22 else f"[{address}]:{port}"
-
-
 @dataclass(frozen=True, slots=True)
 class SshTarget:
     """How to reach one node: the spec's address, user, key and port, and the known_hosts file to trust."""
@@ -161,140 +149,6 @@ def targets_from_cluster(cluster: object) -> dict[str, SshTarget]:
         )
         for n in cluster.nodes
     }
-
-
-# ---------------------------------------------------------------- host keys
-
-
-class _RejectWithFingerprint(paramiko.RejectPolicy):
-    """RejectPolicy that says which key was refused and how to trust it on purpose."""
-
-    def __init__(self, target: SshTarget) -> None:
-        self.target = target
-
-    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> NoReturn:
-        t = self.target
-        raise RemoteError(
-            f"{t.name} ({hostname}): host key {key.get_name()} {fingerprint(key)} is not in {t.known_hosts}; "
-            "refusing to connect",
-            hint=f"compare the fingerprint with the node's console (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
-            f"then accept it explicitly: provision trust-host SPEC {t.name} --fingerprint {fingerprint(key)}",
-        )
-
-
-def _load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
-    """known_hosts for ``target``; a key recorded under the node's name also counts for its address."""
-    if not target.known_hosts.is_file():
-        raise RemoteError(
-            f"known_hosts file {target.known_hosts} does not exist",
-            hint="create it with the nodes' verified keys (ssh.known_hosts in the spec names it)",
-        )
-    keys = paramiko.HostKeys()
-    try:
-        keys.load(str(target.known_hosts))
-    except (OSError, paramiko.SSHException) as exc:
-        raise RemoteError(f"cannot read known_hosts {target.known_hosts}: {exc}") from exc
-    addr = known_hosts_name(target.address, target.port)
-    by_name = keys.lookup(known_hosts_name(target.name, target.port))
-    if keys.lookup(addr) is None and by_name is not None:
-        for keytype, key in by_name.items():
-            keys.add(addr, keytype, key)
-    return keys
-
-
-def fetch_host_key(target: SshTarget, timeout: float = 10.0) -> paramiko.PKey:
-    """The host key ``target`` offers now (an SSH handshake, no authentication, nothing trusted or written)."""
-    import socket
-
-    try:
-        sock = socket.create_connection((target.address, target.port), timeout=timeout)
-    except OSError as exc:
-        raise RemoteError(f"{target.name} ({target.address}:{target.port}): {exc}") from exc
-    transport = paramiko.Transport(sock)
-    try:
-        transport.start_client(timeout=timeout)
-        return transport.get_remote_server_key()
-    except (paramiko.SSHException, EOFError) as exc:  # EOFError: the server hung up during the handshake
-        raise RemoteError(f"{target.name}: SSH handshake failed: {exc or 'the server closed the connection'}") from exc
-    finally:
-        transport.close()
-
-
-def accept_host_key(target: SshTarget, expected_fingerprint: str, timeout: float = 10.0) -> str:
-    """Fetch ``target``'s host key, compare it with the fingerprint the operator gave, and record it.
-
-    Returns the known_hosts line written. Raises RemoteError (writing nothing) when the fingerprints differ,
-    which is the whole point: the operator vouches for a key they checked out of band (console, BMC).
-    """
-    key = fetch_host_key(target, timeout)
-    got = fingerprint(key)
-    if got != expected_fingerprint.strip():
-        raise RemoteError(
-            f"{target.name}: host key fingerprint is {got}, not {expected_fingerprint}; nothing recorded",
-            hint="someone may be in the middle, or the fingerprint was copied from the wrong node",
-        )
-    line = known_hosts_line(target, key)
-    with target.known_hosts.open("a", encoding="utf-8") as fh:
-        fh.write(line + "\n")
-    return line
-
-
-def known_hosts_line(target: SshTarget, key: paramiko.PKey) -> str:
-    """``name,address type base64``: the line that trusts ``key`` for the node under both names."""
-    return f"{target.name},{known_hosts_name(target.address, target.port)} {key.get_name()} {key.get_base64()}"
-
-
-def _names_of(target: SshTarget) -> set[str]:
-    return {target.name, known_hosts_name(target.name, target.port), known_hosts_name(target.address, target.port)}
-
-
-def _line_is_for(line: str, names: set[str]) -> bool:
-    """Whether a known_hosts line names one of ``names`` (plain or hashed ``|1|salt|hash`` host fields)."""
-    text = line.strip()
-    if not text or text.startswith("#") or text.startswith("@"):
-        return False  # comments and @cert-authority/@revoked markers are never a node's own key
-    hosts = text.split(None, 1)[0].split(",")
-    for host in hosts:
-        if host.startswith("|1|"):
-            if any(paramiko.HostKeys.hash_host(n, host) == host for n in names):
-                return True
-        elif host in names:
-            return True
-    return False
-
-
-def recorded_host_keys(target: SshTarget) -> list[paramiko.PKey]:
-    """The keys ``target``'s known_hosts trusts for the node (by name or address); empty when none."""
-    if not target.known_hosts.is_file():
-        return []
-    keys: list[paramiko.PKey] = []
-    for line in target.known_hosts.read_text(encoding="utf-8").splitlines():
-        if not _line_is_for(line, _names_of(target)):
-            continue
-        entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
-        if entry is not None and entry.key is not None:
-            keys.append(entry.key)
-    return keys
-
-
-def replace_host_key(target: SshTarget, key: paramiko.PKey, note: str) -> list[str]:
-    """Trust ``key`` for the node instead of whatever known_hosts held for it; return the old lines.
-
-    The old lines stay in the file as comments (``# <note>: <old line>``), so the file itself shows what
-    was trusted before and when it changed; ssh and paramiko skip comment lines. The file is rewritten
-    atomically with its mode kept: a half-written known_hosts would lock every run out.
-    """
-    from provisioner.state import write_text_atomic
-
-    path = target.known_hosts
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
-    names = _names_of(target)
-    old = [ln for ln in lines if _line_is_for(ln, names)]
-    kept = [f"# {note}: {ln.strip()}" if _line_is_for(ln, names) else ln for ln in lines]
-    kept.append(known_hosts_line(target, key))
-    mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
-    write_text_atomic(path, "\n".join(kept) + "\n", mode=mode)
-    return old
 
 
 # ---------------------------------------------------------------- channels
@@ -418,11 +272,11 @@ class SshRemote:
             if current is not None and transport is not None and transport.is_active():
                 return current
             client = self._factory()
-            keys = _load_known_hosts(target)
+            keys = load_known_hosts(target)
             for hostname, entry in keys.items():
                 for keytype, key in entry.items():
                     client.get_host_keys().add(hostname, keytype, key)
-            client.set_missing_host_key_policy(_RejectWithFingerprint(target))
+            client.set_missing_host_key_policy(RejectWithFingerprint(target))
             try:
                 client.connect(
                     target.address,

@@ -33,20 +33,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provisioner import hostkeys
 from provisioner.errors import ParseError, ProvisionerError, RemoteError, UsageError
 from provisioner.fabric import links
-from provisioner.parsers import parse
-from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
-from provisioner.remote import (
-    Remote,
-    SshRemote,
-    SshTarget,
+from provisioner.hostkeys import (
+    KeyVerdict,
+    decide,
     fetch_host_key,
     fingerprint,
     recorded_host_keys,
     replace_host_key,
-    targets_from_cluster,
 )
+from provisioner.parsers import parse
+from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
+from provisioner.remote import Remote, SshRemote, SshTarget, targets_from_cluster
 from provisioner.report import VerifyReport
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.state import (
@@ -76,7 +76,6 @@ SM_RESTART_TASK = "Restart opensm"
 """The opensm role's only restart path (roles/opensm/tasks/restart_one.yml: one SM at a time, master last)."""
 SM_RELOAD_TASK = "Reload opensm (SIGHUP)"
 """The opensm role's reload: a heavy sweep that re-reads partitions.conf and the runtime options."""
-FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
 PROBE_TIMEOUT_S = 30.0
 DEFAULT_PEERS = 2
 
@@ -104,48 +103,16 @@ class HostKeyRefused(ProvisionerError):
 
 def check_fingerprint(value: str | None) -> str | None:
     """``--host-key-fingerprint`` as OpenSSH prints it (``SHA256:`` + 43 base64 characters), or a UsageError."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not FINGERPRINT.match(text):
-        raise UsageError(f"--host-key-fingerprint {value!r} is not a SHA256 fingerprint",
-                         hint="copy it from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node's "
-                         "console, e.g. SHA256:" + "A" * 43)
-    return text
-
-
-@dataclass(frozen=True)
-class KeyDecision:
-    """What to do with the offered key: ``unchanged`` (already trusted) or ``replace``."""
-
-    action: str
-    offered: str
-    known: tuple[str, ...]
+    return None if value is None else hostkeys.check_fingerprint(value, "--host-key-fingerprint")
 
 
 def decide_host_key(node: str, offered: str, known: Sequence[str], *, accept_new: bool,
-                    expected: str | None) -> KeyDecision:
-    """Trust the offered key only on the operator's word; a refusal says the fingerprint and what to run."""
-    if offered in known:
-        if expected is not None and expected != offered:
-            raise HostKeyRefused(f"{node} offers {offered}, which known_hosts already trusts, but "
-                                 f"--host-key-fingerprint says {expected}; nothing changed",
-                                 hint="check which node the fingerprint was copied from")
-        return KeyDecision("unchanged", offered, tuple(known))
-    was = f"known_hosts has {', '.join(known)}" if known else "known_hosts has no key for it"
-    if expected is not None:
-        if expected != offered:
-            raise HostKeyRefused(f"{node} offers host key {offered}, not the {expected} you gave ({was}); "
-                                 "nothing changed",
-                                 hint="someone may be in the middle, or the fingerprint is from another node: "
-                                 "check it on the node's console again")
-        return KeyDecision("replace", offered, tuple(known))
-    if not accept_new:
-        raise HostKeyRefused(f"{node} offers a new host key {offered} ({was}); refusing to trust it",
-                             hint="compare it with the node's console (ssh-keygen -lf "
-                             "/etc/ssh/ssh_host_ed25519_key.pub), then rerun with --host-key-fingerprint "
-                             f"{offered} (or --accept-new-host-key)")
-    return KeyDecision("replace", offered, tuple(known))
+                    expected: str | None) -> KeyVerdict:
+    """hostkeys.decide for a replaced node: ``known`` or ``replace``, else HostKeyRefused (nothing changed)."""
+    verdict = decide(node, offered, known, expected=expected, replacing=True, accept_new=accept_new)
+    if verdict.action == "refused":
+        raise HostKeyRefused(verdict.reason, hint=verdict.hint)
+    return verdict
 
 
 def _norm_guid(value: str) -> str | None:
@@ -333,7 +300,7 @@ class _Capture:
 
 
 def trust_new_key(target: SshTarget, state_dir: Path, *, accept_new: bool, expected: str | None,
-                  progress: Progress) -> KeyDecision:
+                  progress: Progress) -> KeyVerdict:
     """Step 1: fetch the offered key, decide, and replace the known_hosts line (old one kept as a comment)."""
     key = fetch_host_key(target)
     offered = fingerprint(key)

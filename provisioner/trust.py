@@ -13,16 +13,24 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
-
-import paramiko
+from typing import TYPE_CHECKING
 
 from provisioner.errors import RemoteError, UsageError
-from provisioner.remote import SshTarget, fetch_host_key, fingerprint, known_hosts_line, recorded_host_keys
+from provisioner.hostkeys import (
+    append_host_key,
+    check_fingerprint,
+    decide,
+    fetch_host_key,
+    fingerprint,
+    recorded_host_keys,
+)
+from provisioner.remote import SshTarget
 
-__all__ = ["TrustResult", "parse_fingerprints", "trust_hosts"]
+if TYPE_CHECKING:
+    import paramiko
 
-FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
+__all__ = ["TrustResult", "check_fingerprint", "parse_fingerprints", "trust_hosts"]
+
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -34,15 +42,6 @@ class TrustResult:
     status: str
     offered: str | None
     detail: str
-
-
-def check_fingerprint(value: str, where: str) -> str:
-    """A SHA256 fingerprint as OpenSSH prints it, or a one-line UsageError naming ``where``."""
-    text = value.strip()
-    if not FINGERPRINT.match(text):
-        raise UsageError(f"{where}: {value!r} is not a SHA256 fingerprint",
-                         hint="copy it from `ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub` on the node's console")
-    return text
 
 
 def parse_fingerprints(text: str, source: str) -> dict[str, str]:
@@ -62,32 +61,8 @@ def parse_fingerprints(text: str, source: str) -> dict[str, str]:
     return result
 
 
-def _append(path: Path, line: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existing = path.read_text(encoding="utf-8") if path.is_file() else ""
-    sep = "" if not existing or existing.endswith("\n") else "\n"
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(f"{sep}{line}\n")
-
-
-def decide(node: str, offered: str, known: Sequence[str], expected: str | None) -> TrustResult:
-    """What to do with the key ``node`` offers, given what known_hosts holds and what the operator vouched for."""
-    if offered in known:
-        if expected is not None and expected != offered:
-            return TrustResult(node, "refused", offered, f"already trusted with {offered}, but you gave {expected}: "
-                               "check which node that fingerprint belongs to")
-        return TrustResult(node, "known", offered, "already trusted")
-    if known:
-        return TrustResult(node, "refused", offered, f"offers {offered} but known_hosts trusts {', '.join(known)}; "
-                           f"a swapped node is rebuilt with: provision replace-node SPEC {node} "
-                           f"--host-key-fingerprint {offered}")
-    if expected is None:
-        return TrustResult(node, "refused", offered, "no fingerprint given: compare this one with the node's "
-                           "console, then pass it with --fingerprint (or a --fingerprints file)")
-    if expected != offered:
-        return TrustResult(node, "refused", offered, f"offers {offered}, not the {expected} you gave: someone may be "
-                           "in the middle, or the fingerprint is from another node")
-    return TrustResult(node, "trusted", offered, "recorded in known_hosts")
+_STATUS = {"known": "known", "add": "trusted", "refused": "refused"}
+"""hostkeys.decide's actions as trust-host reports them (it never replaces a key: that is replace-node)."""
 
 
 def trust_hosts(targets: Mapping[str, SshTarget], nodes: Sequence[str], expected: Mapping[str, str],
@@ -105,8 +80,9 @@ def trust_hosts(targets: Mapping[str, SshTarget], nodes: Sequence[str], expected
             results.append(TrustResult(node, "unreachable", None, exc.message))
             continue
         known = [fingerprint(k) for k in recorded_host_keys(target)]
-        outcome = decide(node, fingerprint(key), known, expected.get(node))
-        if outcome.status == "trusted":
-            _append(target.known_hosts, known_hosts_line(target, key))
-        results.append(outcome)
+        verdict = decide(node, fingerprint(key), known, expected=expected.get(node))
+        if verdict.action == "add":
+            append_host_key(target, key)
+        detail = f"{verdict.reason}: {verdict.hint}" if verdict.hint else verdict.reason
+        results.append(TrustResult(node, _STATUS[verdict.action], verdict.offered, detail))
     return results

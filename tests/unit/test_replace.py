@@ -19,8 +19,9 @@ import pytest
 
 from provisioner.errors import RemoteError, UsageError
 from provisioner.fabric.findings import CheckResult
+from provisioner.hostkeys import fingerprint, recorded_host_keys, replace_host_key
 from provisioner.phases import NullReporter, RunOptions
-from provisioner.remote import Completed, SshTarget, fingerprint, recorded_host_keys, replace_host_key
+from provisioner.remote import Completed, SshTarget
 from provisioner.replace import (
     HostKeyRefused,
     _Capture,
@@ -126,7 +127,7 @@ def test_an_explicit_fingerprint_must_match_the_offered_key() -> None:
 
 def test_accept_new_replaces_and_a_known_key_stays() -> None:
     assert decide_host_key("gpu01", FP_B, [FP_A], accept_new=True, expected=None).action == "replace"
-    assert decide_host_key("gpu01", FP_A, [FP_A], accept_new=False, expected=None).action == "unchanged"
+    assert decide_host_key("gpu01", FP_A, [FP_A], accept_new=False, expected=None).action == "known"
     with pytest.raises(HostKeyRefused):  # a fingerprint that contradicts the already trusted key is not ignored
         decide_host_key("gpu01", FP_A, [FP_A], accept_new=False, expected=FP_B)
 
@@ -237,7 +238,7 @@ def test_trust_new_key_refuses_then_accepts_against_a_real_ssh_server(tmp_path: 
     assert [(c.kind, c.old, c.new) for c in history] == [("host_key", fingerprint(old), offered)]
 
     again = trust_new_key(target, tmp_path, accept_new=False, expected=None, progress=seen.append)
-    assert again.action == "unchanged" and len(hardware_history(tmp_path, "gpu01")) == 1
+    assert again.action == "known" and len(hardware_history(tmp_path, "gpu01")) == 1
 
 
 def test_an_unreachable_node_is_one_clean_error(tmp_path: Path) -> None:

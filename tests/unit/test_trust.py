@@ -8,7 +8,8 @@ import paramiko
 import pytest
 
 from provisioner.errors import RemoteError, UsageError
-from provisioner.remote import SshTarget, fingerprint, recorded_host_keys
+from provisioner.hostkeys import fingerprint, recorded_host_keys
+from provisioner.remote import SshTarget
 from provisioner.trust import parse_fingerprints, trust_hosts
 
 

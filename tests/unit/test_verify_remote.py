@@ -13,7 +13,8 @@ import paramiko
 import pytest
 
 from provisioner.errors import RemoteError, UsageError
-from provisioner.remote import SshRemote, SshTarget, command_line, fingerprint
+from provisioner.hostkeys import fingerprint
+from provisioner.remote import SshRemote, SshTarget, command_line
 
 
 class _Server(paramiko.ServerInterface):
