@@ -253,22 +253,23 @@ def up(
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
     steps = _verify_steps(spec, overlay, out_dir)
     hook = _drift_hook(spec, overlay)
+    live = LiveReporter(err)  # drawn only without --json; what it printed is left out of the summary
     try:
         if as_json:
             journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
                                     after_converge=hook)
         else:
-            with LiveReporter(err) as rep:
+            with live as rep:
                 journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep,
                                         after_converge=hook)
     except Interrupted as exc:
         if exc.journal is not None and not as_json:
-            for line in summary_lines(exc.journal):
+            for line in summary_lines(exc.journal, printed=live.printed):
                 err.print(line, markup=False)
         err.print(f"provision: {exc}; the journal is closed: `--resume` continues", markup=False)
         raise typer.Exit(exc.exit_code) from None
     if not as_json:
-        for line in summary_lines(journal):
+        for line in summary_lines(journal, printed=live.printed):  # each phase line once: live, or here
             err.print(line, markup=False)
         _print_run_drift(spec, overlay, out_dir, journal.run_id)
     raise typer.Exit({"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2))

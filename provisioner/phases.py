@@ -26,7 +26,7 @@ from __future__ import annotations
 import os
 import shlex
 import socket
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
@@ -469,16 +469,22 @@ def one_line(text: object) -> str:
     return " ".join(str(text).split())
 
 
-def summary_lines(journal: RunJournal) -> list[str]:
-    """The end-of-run summary for a person: per phase, set-aside hosts with reasons, how to retry."""
+def phase_line(rec: PhaseRecord) -> str:
+    """One phase's status as a person reads it, live and in the summary alike: ``fabric: partial (3 ok, 1 failed,
+    0 unreachable; <note>)``."""
+    parts = []
+    if rec.failed or rec.unreachable:
+        parts.append(f"{len(rec.ok)} ok, {len(rec.failed)} failed, {len(rec.unreachable)} unreachable")
+    if rec.note:
+        parts.append(one_line(rec.note))
+    return f"{rec.name}: {rec.status.replace('_', ' ')}" + (f" ({'; '.join(parts)})" if parts else "")
+
+
+def summary_lines(journal: RunJournal, *, printed: Collection[str] = ()) -> list[str]:
+    """The end-of-run summary for a person: per phase (those not in ``printed``, the phase lines the live view
+    already printed), set-aside hosts with reasons, how to retry."""
     lines = [f"run {journal.run_id}: {journal.status}"]
-    for rec in journal.phases:
-        extra = ""
-        if rec.failed or rec.unreachable:
-            extra = f" ({len(rec.ok)} ok, {len(rec.failed)} failed, {len(rec.unreachable)} unreachable)"
-        elif rec.note and rec.status in ("not_built", "error", "skipped"):
-            extra = f" ({rec.note})"
-        lines.append(f"  {rec.name}: {rec.status.replace('_', ' ')}{extra}")
+    lines += [f"  {phase_line(rec)}" for rec in journal.phases if rec.name not in printed]
     aside = journal.set_aside
     if aside:
         lines.append(f"set aside ({len(aside)}):")

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from rich.console import Console, Group, RenderableType
 from rich.live import Live
+from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
@@ -37,16 +38,19 @@ class ProgressModel:
     unreachable: set[str] = field(default_factory=set)
     seen: set[str] = field(default_factory=set)       # hosts with at least one task result this phase
     task: str | None = None
+    tasks: int = 0                                      # tasks started in this phase
+    task_hosts: set[str] = field(default_factory=set)   # hosts that reported on the current task
+    why: dict[str, str] = field(default_factory=dict)   # failed/unreachable host -> the task it happened in
     started: float = 0.0
     phase_started: float = 0.0
-    finished: list[str] = field(default_factory=list)  # "preflight: ok" lines of earlier phases
+    finished: list[str] = field(default_factory=list)  # phases already printed above the panel
 
     def __post_init__(self) -> None:
         self.started = self.phase_started = self.clock()
 
     def start_phase(self, name: str, hosts: Sequence[str]) -> None:
-        self.phase, self.hosts, self.task = name, list(hosts), None
-        self.failed, self.unreachable, self.seen = set(), set(), set()
+        self.phase, self.hosts, self.task, self.tasks = name, list(hosts), None, 0
+        self.failed, self.unreachable, self.seen, self.task_hosts, self.why = set(), set(), set(), set(), {}
         self.phase_started = self.clock()
 
     def feed(self, event: Mapping[str, Any]) -> None:
@@ -54,10 +58,13 @@ class ProgressModel:
         data = event.get("event_data") or {}
         if kind == "playbook_on_task_start":
             self.task = data.get("task") or self.task
+            self.tasks += 1
+            self.task_hosts = set()
             return
         host = data.get("host")
         if not host or kind not in _HOST_EVENTS:
             return
+        self.task_hosts.add(host)
         if kind == "runner_on_failed" and data.get("ignore_errors"):
             return
         self.seen.add(host)
@@ -65,9 +72,11 @@ class ProgressModel:
             self.failed.add(host)
         elif kind == "runner_on_unreachable":
             self.unreachable.add(host)
+        if kind in ("runner_on_failed", "runner_on_unreachable"):
+            self.why.setdefault(host, f"{_HOST_EVENTS[kind]} in {data.get('task') or self.task or '?'}")
 
     def end_phase(self, record: PhaseRecord) -> None:
-        self.finished.append(f"{record.name}: {record.status.replace('_', ' ')}")
+        self.finished.append(record.name)
         self.task = None
 
     @property
@@ -80,19 +89,31 @@ class ProgressModel:
                 "unreachable": len(self.unreachable - self.failed)}
 
 
+WHY_SHOWN = 8
+"""Failed and unreachable hosts listed by name in the panel; more are counted (the summary names them all)."""
+
+
 def render(model: ProgressModel) -> RenderableType:
-    """The live panel: finished phases, then the current phase with counts, task and elapsed time."""
+    """The live panel under the printed phase lines: the current phase, its task with a bar of the hosts that have
+    answered it, counts, the hosts that failed or went unreachable (and where) as they happen, elapsed time."""
     table = Table.grid(padding=(0, 2))
     table.add_column(justify="right", style="bold")
     table.add_column()
-    for line in model.finished:
-        table.add_row("", Text(line, style="dim"))
     if model.phase:
         c = model.counts()
+        total = max(1, len(model.hosts))
         table.add_row("phase", Text(model.phase, style="bold cyan"))
+        table.add_row("task", Text(f"{model.tasks}: {model.task}" if model.task else "-"))
+        bar = Table.grid(padding=(0, 1))
+        bar.add_row(ProgressBar(total=total, completed=len(model.task_hosts), width=30),
+                    Text(f"{len(model.task_hosts)}/{len(model.hosts)} hosts answered this task"))
+        table.add_row("", bar)
         table.add_row("hosts", Text(f"{c['done']}/{c['hosts']} done, {c['failed']} failed, "
                                     f"{c['unreachable']} unreachable"))
-        table.add_row("task", Text(model.task or "-"))
+        for host in sorted(model.why)[:WHY_SHOWN]:
+            table.add_row("", Text(f"{host}: {model.why[host]}", style="red"))
+        if len(model.why) > WHY_SHOWN:
+            table.add_row("", Text(f"... and {len(model.why) - WHY_SHOWN} more", style="red"))
     table.add_row("elapsed", Text(f"{model.elapsed:.0f} s"))
     return Group(table)
 
@@ -124,11 +145,16 @@ class LiveReporter:
         self._refresh()
 
     def phase_finished(self, record: PhaseRecord) -> None:
+        from provisioner.phases import phase_line
+
         self.model.end_phase(record)
-        self.console.print(f"{record.name}: {record.status.replace('_', ' ')}"
-                           + (f" ({record.note})" if record.note else ""), markup=False, highlight=False,
-                           emoji=False)
+        self.console.print(phase_line(record), markup=False, highlight=False, emoji=False)
         self._refresh()
+
+    @property
+    def printed(self) -> list[str]:
+        """The phases whose line this view printed (the end-of-run summary leaves them out)."""
+        return list(self.model.finished)
 
     def run_finished(self, journal: RunJournal) -> None:
         self._refresh()
