@@ -264,3 +264,35 @@ def test_handover_true_gives_the_master_role_back(lab: Lab) -> None:
     assert after["mastership_changes"] == before["mastership_changes"] + 1
     _no_config_drift(lab)
     faults.clear(lab.root, "sm1", "sm_killed")  # the unit already runs: clearing only forgets the record
+
+
+def test_ofed_install_under_running_sms_swaps_the_stack_one_sm_at_a_time(lab: Lab) -> None:
+    """DOCA-OFED comes to the SM nodes while both SMs run: openibd refuses to unload the RDMA stack under a running
+    opensm (mod_load_funcs check_if_ok_to_stop), so the doca_ofed role stops each SM for the swap and starts it
+    again, sm2 (the standby) first, each back in the election before the next goes: never no SM, one master."""
+    before = _history(lab)
+    play = lab.workdir / "ofed.yml"
+    play.write_text(yaml.safe_dump([{
+        "name": "OFED under running subnet managers", "hosts": "opensm", "gather_facts": False,
+        "vars": {"doca_ofed_flavor": "doca", "doca_ofed_version": VendorVersions().doca,
+                 "doca_ofed_sm_back_delay": 1},
+        "roles": [{"role": "doca_ofed"}],
+    }], sort_keys=False))
+    env = dict(os.environ, ANSIBLE_CONFIG=str(lab.workdir / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
+    done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i",
+                           str(lab.workdir / "hosts.yml"), str(play), "-e", json.dumps(EXTRA)],
+                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    assert done.returncode == 0, done.stdout[-5000:]
+    after = _history(lab)
+    sm1, sm2 = _guid(lab, "sm1"), _guid(lab, "sm2")
+    events = [(e["guid"], e["event"]) for e in after["events"] if e["seq"] > before.get("seq", 0)]
+    assert [ev for ev in events if ev[1] in ("stop", "start")] == [
+        (sm2, "stop"), (sm2, "start"), (sm1, "stop"), (sm1, "start")], events
+    assert events.index((sm2, "standby")) < events.index((sm1, "stop")), events  # back before the master went
+    assert after["outages"] == before["outages"]
+    for host in SMS:
+        assert sh(host, "systemctl is-active opensmd openibd").stdout.split() == ["active", "active"], host
+        assert "mlx_compat" in labstate.load_modules(lab.root, host), host  # the OFED build is loaded now
+    master = _master_seen_from("gpu01")
+    assert master is not None and master.guid in (sm1, sm2)
+    assert all(_port_state(lab, h) == "active" for h in SMS + GPUS)

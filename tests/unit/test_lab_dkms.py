@@ -47,9 +47,10 @@ def node(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in ("modprobe", "rmmod", "lsmod", "modinfo", "dmesg"):  # as the image's lab layer installs them
         (bin_dir / name).write_bytes(Path(kmod_sim.__file__).read_bytes())
         (bin_dir / name).chmod(0o755)
+    (tmp_path / "proc").mkdir()  # the node's processes (openibd's pgrep): none unless a test starts one
     env = {"PROVISIONER_LAB_ROOT": str(lab), "PROVISIONER_LAB_HOST": HOST, "PROVISIONER_LAB_KERNEL": KERNEL,
            "PROVISIONER_LAB_SYSROOT": str(sysroot), "PROVISIONER_LAB_LIB": str(SIMTOOLS),
-           "PATH": f"{bin_dir}:/usr/bin:/bin"}
+           "PROVISIONER_LAB_PROC": str(tmp_path / "proc"), "PATH": f"{bin_dir}:/usr/bin:/bin"}
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     monkeypatch.delenv("PROVISIONER_LAB_MODULES_DIR", raising=False)
@@ -161,6 +162,44 @@ def test_openibd_refuses_to_stop_under_a_loaded_peermem_and_a_new_ofed_needs_a_r
     status = dkms("status")[1]
     assert f"nvidia/550.90.07, {KERNEL}, x86_64: installed" in status
     assert f"mlnx-ofed-kernel/25.01.OFED.25.01.0.6.0.0, {KERNEL}, x86_64: installed" in status
+
+
+def run_process(node: Path, pid: int, name: str) -> Path:
+    """A process named ``name`` on the node, as /proc/<pid>/comm shows it."""
+    entry = node / "proc" / str(pid)
+    entry.mkdir()
+    (entry / "comm").write_text(name + "\n")
+    return entry
+
+
+REFUSED_FOR_OPENSM = ('Please stop "opensm" and all applications running over InfiniBand.\n\n'
+                      "Error: Cannot unload the Infiniband driver stack due to the above issue(s)!\n\n"
+                      "Once the above issue(s) resolved, run:\n")
+
+
+def test_openibd_refuses_to_stop_while_opensm_runs_or_lustre_is_loaded(node: Path) -> None:
+    install(OFED)
+    assert openibd("restart").returncode == 0
+    sm = run_process(node, 812, "opensm")
+    before = loaded()
+    refused = openibd("restart")
+    # mod_load_funcs check_if_ok_to_stop: the Debian init script's run mode is always manual, so it always checks
+    assert refused.returncode == 1
+    assert refused.stdout.startswith(REFUSED_FOR_OPENSM) and refused.stdout.endswith(" restart\n")
+    assert loaded() == before  # nothing was unloaded
+    # a new OFED: start finds the old build loaded, stops first, and is refused the same way
+    remove(OFED)
+    install(OFED_NEW)
+    started = openibd("start")
+    assert started.returncode == 1 and started.stdout.startswith(REFUSED_FOR_OPENSM)
+    (sm / "comm").unlink()
+    sm.rmdir()
+    run_process(node, 900, "sshd")  # other processes do not block
+    assert openibd("start").returncode == 0
+    labstate.save_modules(str(node / "lab"), HOST, [*loaded(), "ko2iblnd"])
+    lustre = openibd("stop")
+    assert lustre.returncode == 1
+    assert lustre.stdout.startswith("Please stop Lustre services before unloading the Infiniband stack.\n\nError:")
 
 
 def test_no_headers_no_build(node: Path) -> None:
