@@ -363,7 +363,9 @@ def blame_flapping_ends(checks: Iterable[CheckResult], cluster: Cluster) -> list
 
     out: list[CheckResult] = []
     for c in results:
-        if c.name != schedule.CHECK_NAME or not c.findings:
+        # the pair findings (check "pairwise_bandwidth") come inside the bandwidth check's result ("bandwidth"):
+        # match the findings, never the result's name
+        if not c.findings:
             out.append(c)
             continue
         found = tuple(reattributed(f) for f in c.findings)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from provisioner.fabric import links, schedule
+from provisioner.fabric import bandwidth, links, schedule
 from provisioner.fabric.findings import CheckResult
 from provisioner.lab import faults, hardware
 from provisioner.lab.hardware import LabHca, LabNodeSpec
@@ -233,7 +233,7 @@ def test_a_failed_pair_is_given_to_the_end_whose_port_flapped_during_the_run() -
     found = _pair_failed_once(("gpu01", "gpu03"), 1)
     assert [(f.node, f.peer, f.rail) for f in found] == [("gpu01", "gpu03", 1)]
     assert "link or route between them" in found[0].message
-    pairwise = CheckResult.from_findings(schedule.CHECK_NAME, None, found)
+    pairwise = CheckResult.from_findings(bandwidth.CHECK, None, found)
     out = links.blame_flapping_ends([*_flap_results(c, "gpu03", "mlx5_1"), pairwise], c)
     moved = out[1].findings
     assert [(f.severity, f.node, f.device, f.peer, f.rail) for f in moved] == [("error", "gpu03", "mlx5_1", "gpu01", 1)]
@@ -244,7 +244,7 @@ def test_a_failed_pair_is_given_to_the_end_whose_port_flapped_during_the_run() -
 def test_a_failed_pair_stays_on_the_link_when_the_flap_is_on_another_rail_or_on_both_ends() -> None:
     c = load_text(SPEC3, "cluster.yaml").cluster
     assert c is not None
-    pairwise = CheckResult.from_findings(schedule.CHECK_NAME, None, _pair_failed_once(("gpu01", "gpu03"), 1))
+    pairwise = CheckResult.from_findings(bandwidth.CHECK, None, _pair_failed_once(("gpu01", "gpu03"), 1))
     other_rail = links.blame_flapping_ends([*_flap_results(c, "gpu03", "mlx5_0"), pairwise], c)
     assert other_rail[1] is pairwise
     both = links.blame_flapping_ends(
