@@ -131,8 +131,9 @@ def recorded_host_keys(target: SshTarget) -> list[paramiko.PKey]:
     if not target.known_hosts.is_file():
         return []
     keys: list[paramiko.PKey] = []
+    names = names_of(target)
     for line in target.known_hosts.read_text(encoding="utf-8").splitlines():
-        if not line_is_for(line, names_of(target)):
+        if not line_is_for(line, names):
             continue
         entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
         if entry is not None and entry.key is not None:
@@ -140,24 +141,27 @@ def recorded_host_keys(target: SshTarget) -> list[paramiko.PKey]:
     return keys
 
 
-def replace_host_key(target: SshTarget, key: paramiko.PKey, note: str) -> list[str]:
-    """Trust ``key`` for the node instead of whatever known_hosts held for it; return the old lines.
-
-    The old lines stay in the file as comments (``# <note>: <old line>``), so the file itself shows what
-    was trusted before and when it changed; ssh and paramiko skip comment lines. The file is rewritten
-    atomically with its mode kept: a half-written known_hosts would lock every run out.
-    """
+def _rewrite(target: SshTarget, key: paramiko.PKey, note: str | None) -> list[str]:
+    """known_hosts with ``key``'s line added; with a ``note``, the node's old lines kept as ``# <note>: <line>``
+    comments (ssh and paramiko skip them). Written atomically with its mode kept: a half-written known_hosts would
+    lock every run out. Returns the old lines."""
     from provisioner.state import write_text_atomic
 
     path = target.known_hosts
     lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
     names = names_of(target)
-    old = [ln for ln in lines if line_is_for(ln, names)]
-    kept = [f"# {note}: {ln.strip()}" if line_is_for(ln, names) else ln for ln in lines]
+    old = [ln for ln in lines if note is not None and line_is_for(ln, names)]
+    kept = [f"# {note}: {ln.strip()}" if ln in old else ln for ln in lines]
     kept.append(known_hosts_line(target, key))
     mode = path.stat().st_mode & 0o777 if path.is_file() else 0o644
     write_text_atomic(path, "\n".join(kept) + "\n", mode=mode)
     return old
+
+
+def replace_host_key(target: SshTarget, key: paramiko.PKey, note: str) -> list[str]:
+    """Trust ``key`` for the node instead of whatever known_hosts held for it; return the old lines, which stay
+    in the file as ``# <note>: <old line>`` comments, so the file itself shows what was trusted before and when."""
+    return _rewrite(target, key, note)
 
 
 @dataclass(frozen=True)
@@ -209,11 +213,5 @@ def decide(node: str, offered: str, known: Sequence[str], *, expected: str | Non
 
 def append_host_key(target: SshTarget, key: paramiko.PKey) -> str:
     """Trust ``key`` for the node by adding its line to known_hosts (first trust); returns the line."""
-    path = target.known_hosts
-    line = known_hosts_line(target, key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    existing = path.read_text(encoding="utf-8") if path.is_file() else ""
-    sep = "" if not existing or existing.endswith("\n") else "\n"
-    with path.open("a", encoding="utf-8") as fh:
-        fh.write(f"{sep}{line}\n")
-    return line
+    _rewrite(target, key, None)
+    return known_hosts_line(target, key)

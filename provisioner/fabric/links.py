@@ -318,7 +318,6 @@ def firmware(ibstat: Mapping[str, Any]) -> dict[str, str]:
     return {str(d.get("name")): str(d["firmware"]) for d in ibstat.get("devices", []) if d.get("firmware")}
 
 
-
 def blame_flapping_ends(checks: Iterable[CheckResult], cluster: Cluster) -> list[CheckResult]:
     """Name the flapping end of a failed pair instead of "the link or route between them".
 

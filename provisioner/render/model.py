@@ -213,10 +213,6 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "preflight_gpu_model": n.gpu_model,
             "preflight_hca_devices": [p.device for p in n.ports],
             "nvidia_driver_enabled": n.gpu_count > 0,
-            # the CUDA toolkit, NCCL, nccl-tests and their MPI are GPU software: a node without GPUs (SM, storage,
-            # login) gets none of it, as drift's pins say (provisioner.drift.node_pins)
-            "cuda_enabled": n.gpu_count > 0,
-            "nccl_enabled": n.gpu_count > 0,
             "nvidia_driver_fabric_manager": (spec.software.fabric_manager
                                              if spec.software.fabric_manager is not None else n.nvswitch),
             "nvidia_peermem_enabled": n.gpu_count > 0 and bool(n.rail_ports),

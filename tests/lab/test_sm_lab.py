@@ -102,11 +102,11 @@ def _inventory(overlay: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def converge(lab: Lab, *extra: str) -> subprocess.CompletedProcess[str]:
-    """ansible-playbook of the vendor_repos + opensm roles on the SM nodes."""
+def converge(lab: Lab, *extra: str, playbook: str = "site.yml") -> subprocess.CompletedProcess[str]:
+    """ansible-playbook of ``playbook`` in the work dir (site.yml: the vendor_repos + opensm roles on the SM nodes)."""
     env = dict(os.environ, ANSIBLE_CONFIG=str(lab.workdir / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
     cmd = [str(Path(sys.executable).with_name("ansible-playbook")), "-i", str(lab.workdir / "hosts.yml"),
-           str(lab.workdir / "site.yml"), *extra]
+           str(lab.workdir / playbook), *extra]
     return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900, check=False)
 
 
@@ -278,10 +278,7 @@ def test_ofed_install_under_running_sms_swaps_the_stack_one_sm_at_a_time(lab: La
                  "doca_ofed_sm_back_delay": 1},
         "roles": [{"role": "doca_ofed"}],
     }], sort_keys=False))
-    env = dict(os.environ, ANSIBLE_CONFIG=str(lab.workdir / "ansible.cfg"), ANSIBLE_FORCE_COLOR="0")
-    done = subprocess.run([str(Path(sys.executable).with_name("ansible-playbook")), "-i",
-                           str(lab.workdir / "hosts.yml"), str(play), "-e", json.dumps(EXTRA)],
-                          capture_output=True, text=True, env=env, timeout=900, check=False)
+    done = converge(lab, "-e", json.dumps(EXTRA), playbook=play.name)
     assert done.returncode == 0, done.stdout[-5000:]
     after = _history(lab)
     sm1, sm2 = _guid(lab, "sm1"), _guid(lab, "sm2")
