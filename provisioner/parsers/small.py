@@ -162,7 +162,7 @@ def parse_lsmod(text: str) -> dict[str, Any]:
 # --- sminfo --------------------------------------------------------------------------------------
 
 _SMINFO_RE = re.compile(
-    r"sminfo:\s+sm lid\s+(?P<lid>\d+)\s+sm guid\s+(?P<guid>0x[0-9a-fA-F]+),\s*activity count\s+(?P<act>\d+)"
+    r"sminfo:\s+sm lid\s+(?P<lid>\d+)\s+sm guid\s+(?P<guid>0x[^\s,]+),\s*activity count\s+(?P<act>\d+)"
     r"\s+priority\s+(?P<prio>\d+)\s+state\s+(?P<code>\d+)\s+(?P<name>SMINFO_\w+)"
 )
 #: What ``sminfo | grep -o 'priority.*'`` leaves: priority (or nothing) and the state with its name.
@@ -191,6 +191,8 @@ def parse_sminfo(text: str) -> dict[str, Any]:
     parsed to ``ok: false`` with ``error`` (the iberror message) and every error line in ``errors``. Piped
     through ``grep -o 'priority.*'`` only priority and state are left: lid, GUID and activity count are null,
     with a warning.
+    Operators often mask the SM GUID before posting (``0x2cGUID``, ``0xe89e4903003xxxxx``): the rest of the
+    line is still read, ``guid`` is null with a warning.
     """
     require_text("sminfo", text)
     lines = [line.strip() for line in text.splitlines()]
@@ -198,13 +200,15 @@ def parse_sminfo(text: str) -> dict[str, Any]:
     flat = " ".join(" ".join(line for line in lines if line not in errors).split())
     m = _SMINFO_RE.search(flat)
     if m:
+        guid = norm_guid(m.group("guid"))
         return _sminfo_record(
             lid=int(m.group("lid")),
-            guid=norm_guid(m.group("guid")),
+            guid=guid,
             activity_count=int(m.group("act")),
             priority=int(m.group("prio")),
             state=_SM_STATES.get(m.group("name"), m.group("name").lower()),
             errors=errors,
+            warnings=[] if guid else [f"sm guid {m.group('guid')} is not hex (masked in the paste?): guid unknown"],
         )
     failure = next((msg for line in errors if (msg := iberror_text(line, "sminfo")) is not None), None)
     if failure is not None:
