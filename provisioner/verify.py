@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from provisioner.drift import peer_groups
-from provisioner.errors import ParseError, UsageError
+from provisioner.errors import ParseError
 from provisioner.fabric import (
     bandwidth,
     baseline,
@@ -34,6 +34,7 @@ from provisioner.fabric import (
     load,
     nccl,
     reach,
+    registry,
     sm_verify,
     storage,
     switchlinks,
@@ -52,7 +53,7 @@ from provisioner.state import state_dir_for, symlink_atomic, write_text_atomic
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
-ALL_TESTS = ("links", "versions", "sm", "ipoib", "bandwidth", "gpudirect", "nccl", "cabling", "storage")
+ALL_TESTS = registry.NAMES
 PROBE_TIMEOUT_S = 30.0
 NCCL_TIMEOUT_S = 900.0
 
@@ -78,30 +79,9 @@ class VerifyRun:
 
 
 def select_tests(cluster: Cluster, only: Iterable[str] | None) -> list[str]:
-    """The tests to run: ``--only`` if given (validated), else the spec's list (versions go with links)."""
-    if only is not None:
-        chosen = [t.strip() for t in only if t.strip()]
-        unknown = sorted(set(chosen) - set(ALL_TESTS))
-        if unknown:
-            raise UsageError(f"unknown test(s): {', '.join(unknown)}", hint=f"choose from {', '.join(ALL_TESTS)}")
-        return [t for t in ALL_TESTS if t in chosen]
-    wanted: set[str] = set(cluster.spec.verify.tests)
-    if "links" in wanted:
-        wanted.update(("versions", "sm"))
-    if not storage.expected_mounts(cluster):
-        wanted.discard("storage")  # on by default, but a spec without NFS/Lustre mounts has nothing to check
-    if not cluster.ipoib:
-        wanted.discard("ipoib")  # likewise without IPoIB networks
-    if plans_cabling(cluster):
-        wanted.add("cabling")  # a planned cable is checked whenever verify runs, not only when asked for
-    return [t for t in ALL_TESTS if t in wanted]
-
-
-def plans_cabling(cluster: Cluster) -> bool:
-    """Whether the spec plans cables a fabric-wide InfiniBand view can check: node ports or links between tiers."""
-    if cluster.spec.fabric.type != "infiniband":
-        return False  # iblinkinfo sees an InfiniBand fabric only
-    return bool(cluster.cables) or bool(switchlinks.plan(cluster))
+    """The checks to run, in run order: ``--only`` if given (validated), else the spec's (see
+    :mod:`provisioner.fabric.registry`)."""
+    return registry.parse_only(only) if only is not None else registry.default_for(cluster)
 
 
 def _parsed(tool: str, done: Completed, *, with_stderr: bool = False) -> tuple[dict[str, Any] | None, str]:
@@ -148,6 +128,7 @@ class _Verifier:
         self._switch_ports_at: int | None = None
         self._switch_gaps: list[Finding] = []
         """What the switch counter sweep could not reach (discovery timeouts, PMA query failures)."""
+        self._numactl: dict[str, bool] | None = None
 
     @property
     def lost(self) -> dict[str, str]:
@@ -282,8 +263,11 @@ class _Verifier:
 
     # -- bandwidth, gpudirect, nccl ----------------------------------------------------------------------
     def numactl(self) -> dict[str, bool]:
-        done = self.on_all(["sh", "-c", "command -v numactl"])
-        return {n: d.rc == 0 and bool(d.stdout.strip()) for n, d in done.items()}
+        """Which nodes have numactl: asked once, by the first check that runs ib_write_bw."""
+        if self._numactl is None:
+            done = self.on_all(["sh", "-c", "command -v numactl"])
+            self._numactl = {n: d.rc == 0 and bool(d.stdout.strip()) for n, d in done.items()}
+        return self._numactl
 
     def _without_lost(self, what: str, check: Callable[[Cluster], _T]) -> _T:
         """``check`` over the reachable nodes; again without any node it lost on the way (its pairs' failures
@@ -295,6 +279,14 @@ class _Verifier:
                 return out
             gone = ", ".join(sorted(set(self.lost) - before))
             self.progress(f"{what}: {gone} stopped answering; measuring again without it")
+
+    def bandwidth_and_load(self, mode: str | None) -> None:
+        """The ``bandwidth`` check: pairs per rail, then the load round across leaves (which leaves the ports the
+        pairs blamed out of its own verdict)."""
+        numactl = self.numactl()
+        self.bandwidth(numactl, mode)
+        self.progress("bandwidth: every port at once to a partner on another leaf (load across leaves)")
+        self.load_round(numactl)
 
     def bandwidth(self, numactl: Mapping[str, bool], mode: str | None) -> None:
         cfg = self.cluster.spec.verify.bandwidth
@@ -481,6 +473,27 @@ class _Verifier:
         self.checks += storage.check_storage(self.cluster, self.remote)
 
 
+_RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
+    "links": lambda v, _mode: v.links(),
+    "versions": lambda v, _mode: v.versions_check(),
+    "sm": lambda v, _mode: v.subnet_manager(),
+    "ipoib": lambda v, _mode: v.ipoib_check(),
+    "cabling": lambda v, _mode: v.cabling(),
+    "bandwidth": _Verifier.bandwidth_and_load,
+    "gpudirect": lambda v, mode: v.gpudirect(v.numactl(), mode),
+    "nccl": lambda v, _mode: v.nccl(),
+    "storage": lambda v, _mode: v.shared_storage(),
+}
+"""How the verifier runs each check of :data:`registry.CHECKS` (its ``--mode`` passed along); a unit test holds
+the two to the same names."""
+
+_REREAD: dict[str, Callable[[_Verifier], None]] = {
+    "links": _Verifier.links_counters_again,
+    "cabling": _Verifier.switch_ports_again,
+}
+"""Checks whose counters are read again once every check has run: what grew during the run fails."""
+
+
 def write_reports(report: VerifyReport, directory: Path, inventory: Mapping[str, Mapping[str, str]]) -> None:
     """report.json, junit.xml, report.html and inventory.json under ``directory``; ``latest`` points at it."""
     write_text_atomic(directory / "report.json", to_json(report))
@@ -504,50 +517,23 @@ def verify(
 ) -> VerifyRun:
     """Run the selected checks and write the reports; see the module docstring."""
     chosen = select_tests(cluster, tests)
+    steps = [registry.BY_NAME[name] for name in chosen]
     started = now()
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
     v = _Verifier(cluster, rem, progress, server_grace_s)
     try:
-        if set(chosen) - {"sm", "cabling"}:  # those two ask one node that answers; the rest ask every node
+        if any(c.every_node for c in steps):  # sm and cabling ask one node that answers; the rest every node
             progress("ssh: every node answers (a node that does not is reported once and left out)")
             v.reach()
-        if "links" in chosen:
-            progress("links: ibstat on every node")
-            v.links()
-        if "versions" in chosen:
-            progress("versions: driver, CUDA, NCCL, OFED, firmware")
-            v.versions_check()
-        if "sm" in chosen:
-            progress("sm: the spec's master SM is master, every planned SM answers (sminfo)")
-            v.subnet_manager()
-        if "ipoib" in chosen:
-            progress("ipoib: every planned interface up with its address and MTU, a peer answers over it")
-            v.ipoib_check()
-        if "cabling" in chosen:
-            progress("cabling: iblinkinfo against the spec's cabling and links between tiers; switch port counters")
-            v.cabling()
-        numactl = v.numactl() if {"bandwidth", "gpudirect"} & set(chosen) else {}
-        if "bandwidth" in chosen:
-            progress(f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)")
-            v.bandwidth(numactl, mode)
-            progress("bandwidth: every port at once to a partner on another leaf (load across leaves)")
-            v.load_round(numactl)
-        if "gpudirect" in chosen:
-            progress("gpudirect: " + ("DMA-BUF" if gpudirect.dmabuf_mode(cluster) else "nvidia_peermem")
-                     + ", GPU–NIC affinity, ib_write_bw --use_cuda")
-            v.gpudirect(numactl, mode)
-        if "nccl" in chosen:
-            progress("nccl: all_reduce_perf across the compute nodes")
-            v.nccl()
-        if "storage" in chosen:
-            progress("storage: mounts, a file round trip, the exports (user space where no kernel client)")
-            v.shared_storage()
-        if "links" in chosen:
-            progress("links: port counters again (a port whose link_downed grew during the run fails)")
-            v.links_counters_again()
-        if "cabling" in chosen:
-            v.switch_ports_again()
+        for check in steps:
+            progress(registry.progress_label(check, cluster, mode))
+            _RUN[check.name](v, mode)
+        for check in steps:  # in the same order: the node port counters, then the switch port counters
+            if check.name in _REREAD:
+                if check.reread_label:
+                    progress(check.reread_label)
+                _REREAD[check.name](v)
     finally:
         if own and isinstance(rem, SshRemote):
             rem.close()
