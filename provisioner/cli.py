@@ -17,6 +17,7 @@ from rich.console import Console
 
 from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
+from provisioner.fabric import registry as check_registry
 from provisioner.interrupt import Interrupted
 from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
 from provisioner.state import state_dir_for
@@ -424,13 +425,11 @@ def status_cmd(
     _print_latest_drift(state_dir_for(cluster.name, out_dir))
 
 
-@app.command("verify")
+@app.command("verify", epilog=check_registry.help_epilog())
 def verify_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    only: Annotated[str | None, typer.Option("--only", help="Comma list of checks: links, versions, ipoib, "
-                                             "bandwidth, gpudirect, nccl, cabling, storage (default: the spec's "
-                                             "verify.tests).")] = None,
+    only: Annotated[str | None, typer.Option("--only", help=check_registry.only_help())] = None,
     mode: Annotated[str | None, typer.Option("--mode", help="Bandwidth mode quick|full (default: the spec's).")]
     = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json to standard output.")] = False,
@@ -438,7 +437,7 @@ def verify_cmd(
     html: Annotated[Path | None, typer.Option("--html", help="Also write the HTML report here.")] = None,
     out_dir: StateDirOpt = None,
 ) -> None:
-    """Prove the fabric against the spec: links, versions, bandwidth per rail, GPUDirect, NCCL, cabling.
+    """Prove the fabric against the spec: the checks below, or those --only names.
 
     Exit 0 pass, 1 findings, 2 could not run. Reports go to <state>/verify/<time>/ (JSON, JUnit XML, HTML).
     """
@@ -449,11 +448,11 @@ def verify_cmd(
 
     if mode not in (None, "quick", "full"):
         raise UsageError(f"--mode {mode}: use quick or full")
+    tests = check_registry.parse_only(only.split(",")) if only else None  # a wrong name fails before any SSH
     from provisioner.state import run_lock
 
     cluster, warnings = load_cluster(spec, overlay)
     _print_diagnostics(warnings)
-    tests = [t.strip() for t in only.split(",") if t.strip()] if only else None
     with run_lock(state_dir_for(cluster.name, out_dir), command="provision verify"):  # not during a run
         run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
                      progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))

@@ -1,0 +1,111 @@
+"""The registry of verify checks (:mod:`provisioner.fabric.registry`) is the one place that names them: ``--only``,
+its help, the default set per spec, the progress lines and the order a run takes come from it."""
+
+from __future__ import annotations
+
+import importlib
+import typing
+from pathlib import Path
+
+import pytest
+
+from provisioner import verify
+from provisioner.cli import main
+from provisioner.errors import UsageError
+from provisioner.fabric import registry
+from provisioner.fabric.registry import CHECKS, NAMES
+from provisioner.spec import load_cluster
+from provisioner.spec.models import TestName, Verify
+from tests.unit import test_verify_orchestrator as orch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "examples"
+EVERY = ["links", "versions", "sm", "ipoib", "cabling", "bandwidth", "gpudirect", "nccl", "storage"]
+
+
+def test_every_check_has_one_entry_a_step_and_its_module() -> None:
+    assert len(set(NAMES)) == len(NAMES) == len(CHECKS)
+    assert verify.ALL_TESTS == NAMES
+    assert set(verify._RUN) == set(NAMES)  # the verifier runs every entry and nothing else
+    assert set(verify._REREAD) <= set(NAMES)
+    assert {c.name for c in CHECKS if c.reread_label} <= set(verify._REREAD)
+    for c in CHECKS:
+        module = importlib.import_module(c.module)
+        assert c.results[0] == module.CHECK, c.name  # its main result is its module's
+        assert c.help and c.help == c.help.strip() and "\n" not in c.help
+
+
+def test_the_spec_lists_only_registry_checks_and_the_rest_go_with_links() -> None:
+    listable = set(typing.get_args(TestName))
+    assert listable <= set(NAMES)
+    assert set(NAMES) - listable == {c.name for c in CHECKS if c.with_links}
+    assert set(Verify().tests) <= listable
+
+
+def test_a_full_run_reports_only_result_names_the_registry_gives(tmp_path: Path) -> None:
+    run = verify.verify(orch.cluster(), tests=list(NAMES), remote=orch.FakeRemote(), state_dir=tmp_path,
+                        server_grace_s=0, write=False)
+    names = {c.name for c in run.report.checks}
+    known = {r for c in CHECKS for r in c.results} | {"ssh", "baseline"}
+    assert names and names <= known, names - known
+    assert {"links", "versions", "bandwidth", "nccl"} <= names
+
+
+def test_a_run_prints_each_checks_label_in_registry_order(tmp_path: Path) -> None:
+    said: list[str] = []
+    verify.verify(orch.cluster(), tests=["nccl", "bandwidth", "links"], remote=orch.FakeRemote(), state_dir=tmp_path,
+                  server_grace_s=0, write=False, progress=said.append, mode="quick")
+    c = orch.cluster()
+    labels = [registry.progress_label(registry.BY_NAME[n], c, "quick") for n in ("links", "bandwidth", "nccl")]
+    assert [m for m in said if m in labels] == labels
+    assert labels[1] == "bandwidth: ib_write_bw per rail (quick mode)"
+    assert said.index(labels[0]) < said.index(labels[1]) < said.index(labels[2])
+    assert said[-1].startswith("verify: ")
+    assert registry.BY_NAME["links"].reread_label in said  # the counters read again at the end
+
+
+def test_only_keeps_run_order_drops_blanks_and_names_every_choice_on_a_bad_name() -> None:
+    assert registry.parse_only(["storage", " links", "", "cabling"]) == ["links", "cabling", "storage"]
+    with pytest.raises(UsageError) as exc:
+        registry.parse_only(["links", "linkz", "gpu"])
+    text = str(exc.value)
+    assert "\n" not in text and text.startswith("unknown test(s): gpu, linkz (choose from ")
+    assert text.endswith(f"(choose from {', '.join(NAMES)})")
+
+
+def test_cli_only_rejects_an_unknown_check_in_one_line_before_anything_runs(capsys: pytest.CaptureFixture[str],
+                                                                           tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    rc = main(["verify", str(EXAMPLES / "h100-ndr-8node.yaml"), "--only", "links,linkz", "--out", str(state)])
+    err = capsys.readouterr().err
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("provision: error: unknown test(s): linkz (choose from ")
+    assert all(name in err for name in NAMES)
+    assert not state.exists()  # refused before the spec was loaded or the state directory locked
+
+
+def test_cli_help_lists_every_check_with_its_help(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["verify", "--help"]) == 0
+    out = capsys.readouterr().out
+    flat = " ".join(out.split())
+    assert f"Comma list of checks: {', '.join(NAMES)} " in flat
+    lines = out.splitlines()
+    at = lines.index("  Checks (--only), in the order a run takes them:")
+    listed = lines[at + 1:at + 1 + len(CHECKS)]
+    assert [ln.split(maxsplit=1) for ln in listed] == [[c.name, c.help] for c in CHECKS]
+    assert all(len(ln) <= 80 for ln in listed), listed  # one line per check in an 80-column terminal
+
+
+@pytest.mark.parametrize(("example", "want"), [
+    ("a100-10gbe-2node.yaml", ["nccl"]),  # the spec lists nccl only: nothing goes with it
+    ("a100-hdr-4node.yaml", ["links", "versions", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
+    ("h100-ndr-64node-3tier.yaml", ["links", "versions", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
+    ("h100-ndr-8node-2hca.yaml", EVERY),
+    ("h100-ndr-8node.yaml", EVERY),
+    ("roce-200g-4node.yaml", ["links", "versions", "sm", "bandwidth", "gpudirect", "nccl"]),  # no iblinkinfo on RoCE
+    ("lab/cluster.yaml", EVERY),
+])
+def test_default_set_per_example_spec(example: str, want: list[str]) -> None:
+    """The sets select_tests gave before the registry (recorded from it), now in run order."""
+    cluster, _ = load_cluster(EXAMPLES / example, None)
+    assert verify.select_tests(cluster, None) == registry.default_for(cluster) == want
