@@ -87,7 +87,7 @@ CHECKS: tuple[Check, ...] = (
           "links: ibstat on every node",
           reread_label="links: port counters again (a port whose link_downed grew during the run fails)"),
     Check("versions", "provisioner.fabric.versions", ("versions",),
-          "driver, CUDA, NCCL, OFED, HCA firmware as pinned, alike in peers",
+          "driver, CUDA, NCCL, OFED, firmware as pinned, alike in peers",
           "versions: driver, CUDA, NCCL, OFED, firmware", with_links=True),
     Check("sm", "provisioner.fabric.sm_verify", ("subnet_manager",),
           "the spec's master SM is master, every planned SM answers",
