@@ -35,6 +35,21 @@ def test_every_check_has_one_entry_a_step_and_its_module() -> None:
         assert c.help and c.help == c.help.strip() and "\n" not in c.help
 
 
+def test_every_result_name_is_one_a_fabric_module_or_the_verifier_writes() -> None:
+    """Each name in ``results`` is a check constant of a fabric module (or the verifier's own ``sm_lid``)."""
+    import pkgutil
+
+    import provisioner.fabric
+
+    constants = set()
+    for info in pkgutil.iter_modules(provisioner.fabric.__path__):
+        module = importlib.import_module(f"provisioner.fabric.{info.name}")
+        constants |= {v for k, v in vars(module).items() if k.endswith(("CHECK", "CHECK_NAME")) and isinstance(v, str)}
+    written = {r for c in CHECKS for r in c.results}
+    assert written - constants == {"sm_lid"}
+    assert '"sm_lid"' in Path(verify.__file__).read_text(encoding="utf-8")
+
+
 def test_the_spec_lists_only_registry_checks_and_the_rest_go_with_links() -> None:
     listable = set(typing.get_args(TestName))
     assert listable <= set(NAMES)
