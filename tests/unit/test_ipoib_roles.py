@@ -119,3 +119,7 @@ def test_netplan_file_is_valid_yaml_with_infiniband_mode() -> None:
                    "accept-ra": False, "optional": True}
     dropin = _render("netplan-children.conf.j2", item="ibp23s0")
     assert "[Network]\nIPoIB=ibp23s0.8001\n" in dropin
+    # simulated links (veth in the lab) get no IPoIB mode, as on the networkd backend; the rest is the same
+    simulated = yaml.safe_load(_render("netplan.yaml.j2", simulated=True))["network"]["ethernets"]["ibp23s0"]
+    assert "infiniband-mode" not in simulated
+    assert simulated == {k: v for k, v in eth.items() if k != "infiniband-mode"}
