@@ -145,9 +145,13 @@ def _event_message(res: Any) -> str:
         return (first[0] if first else "an item failed") + more
     for key in ("msg", "stderr", "module_stderr", "exception", "reason"):
         val = res.get(key)
-        if val:
-            text = str(val).strip()
+        text = str(val).strip() if val else ""
+        if text and not (key == "exception" and text == "(traceback unavailable)"):
             return text.splitlines()[-1] if key in ("exception", "module_stderr") else text
+    if res.get("attempts"):  # an `until:` loop that ran out: ansible-core gives no msg, only the last result
+        out = str(res.get("stdout") or "").strip().splitlines()
+        return (f"still not done after {res['attempts']} attempts"
+                + (f" (last output: {out[-1].strip()[:200]})" if out else ""))
     return ""
 
 
@@ -178,14 +182,13 @@ class HostTally:
                 hs.ignored += 1
                 return
             hs.failed += 1
-            if hs.failed_task is None:
-                hs.failed_task = data.get("task")
-                hs.message = _event_message(data.get("res"))
+            # the latest failure names the task: an earlier one was rescued (the host went on to fail later)
+            hs.failed_task = data.get("task")
+            hs.message = _event_message(data.get("res"))
         elif kind == "runner_on_unreachable":
             hs.unreachable += 1
-            if hs.failed_task is None:
-                hs.failed_task = data.get("task")
-                hs.message = _event_message(data.get("res")) or "host unreachable"
+            hs.failed_task = data.get("task")
+            hs.message = _event_message(data.get("res")) or "host unreachable"
         elif kind in _COUNTER_EVENTS:
             attr = _COUNTER_EVENTS[kind]
             setattr(hs, attr, getattr(hs, attr) + 1)

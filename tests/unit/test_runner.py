@@ -287,6 +287,50 @@ def test_an_ignored_unreachable_delegate_and_a_rescued_failure_leave_the_host_ok
     assert sorted(result.ok_hosts) == ["alpha", "beta"] and result.status == "successful"
 
 
+RESCUE_THEN_FAIL_PLAYBOOK = """\
+- name: Two daemons that do not come up
+  hosts: alpha:beta
+  gather_facts: false
+  tasks:
+    - name: Wait for a daemon
+      ansible.builtin.command: echo State=DOWN
+      register: wait
+      changed_when: false
+      retries: 2
+      delay: 0
+      until: "'IDLE' in wait.stdout"
+      when: inventory_hostname == 'alpha'
+    - when: inventory_hostname == 'beta'
+      block:
+        - name: Wait for a daemon
+          ansible.builtin.command: echo State=DOWN
+          register: wait
+          changed_when: false
+          retries: 2
+          delay: 0
+          until: "'IDLE' in wait.stdout"
+      rescue:
+        - name: Say why
+          ansible.builtin.fail:
+            msg: the daemon exited at start
+"""
+
+
+def test_a_host_that_fails_in_its_rescue_is_reported_by_that_failure(workdir: Path) -> None:
+    """Real ansible-core sends runner_on_failed for the rescued task and again for the rescue's failure: the host is
+    reported by the last one (the slurm role's rescue names slurmd's own error). An `until:` loop that runs out
+    has no msg and the exception text "(traceback unavailable)": its report says so and shows the last output."""
+    playbook = workdir / "rescue.yml"
+    playbook.write_text(RESCUE_THEN_FAIL_PLAYBOOK)
+    result = run_playbook(playbook, workdir / "inventory.yml", private_data_dir=workdir / "pdd-rescue",
+                          forks=3, state_dir=workdir / "state", ident="rescue")
+    beta, alpha = result.hosts["beta"], result.hosts["alpha"]
+    assert beta.state == "failed" and beta.failed_task == "Say why", beta
+    assert beta.message == "the daemon exited at start"
+    assert alpha.state == "failed" and alpha.failed_task == "Wait for a daemon", alpha
+    assert alpha.message == "still not done after 2 attempts (last output: State=DOWN)", alpha.message
+
+
 def test_runs_do_not_inherit_the_package_collections_path(tmp_path: Path) -> None:
     """A playbook inside a configured collections path runs as collection content, whose roles lose the plugins
     they carry: the runs drop the directory `provision collection-path` tells people to export, keep the rest."""
