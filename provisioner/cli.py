@@ -448,7 +448,8 @@ def verify_cmd(
 
     if mode not in (None, "quick", "full"):
         raise UsageError(f"--mode {mode}: use quick or full")
-    tests = check_registry.parse_only(only.split(",")) if only else None  # a wrong name fails before any SSH
+    # a wrong name, or none (--only , / --only ""), fails before any SSH
+    tests = check_registry.parse_only(only.split(",")) if only is not None else None
     from provisioner.state import run_lock
 
     cluster, warnings = load_cluster(spec, overlay)

@@ -120,8 +120,11 @@ BY_NAME: dict[str, Check] = {c.name: c for c in CHECKS}
 
 
 def parse_only(names: Iterable[str]) -> list[str]:
-    """``--only``: the named checks in run order; a name not in :data:`CHECKS` is a usage error naming them all."""
+    """``--only``: the named checks in run order; a name not in :data:`CHECKS`, or no name at all (``--only ,``),
+    is a usage error naming them all (a run that checked nothing must not pass)."""
     chosen = [t.strip() for t in names if t.strip()]
+    if not chosen:
+        raise UsageError("--only names no check", hint=f"choose from {', '.join(NAMES)}")
     unknown = sorted(set(chosen) - set(NAMES))
     if unknown:
         raise UsageError(f"unknown test(s): {', '.join(unknown)}", hint=f"choose from {', '.join(NAMES)}")

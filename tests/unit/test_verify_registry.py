@@ -14,7 +14,8 @@ from provisioner.cli import main
 from provisioner.errors import UsageError
 from provisioner.fabric import registry
 from provisioner.fabric.registry import CHECKS, NAMES
-from provisioner.spec import load_cluster
+from provisioner.spec import load_cluster, load_text
+from provisioner.spec.cluster import Cluster
 from provisioner.spec.models import TestName, Verify
 from tests.unit import test_verify_orchestrator as orch
 
@@ -124,3 +125,34 @@ def test_default_set_per_example_spec(example: str, want: list[str]) -> None:
     """The sets select_tests gave before the registry (recorded from it), now in run order."""
     cluster, _ = load_cluster(EXAMPLES / example, None)
     assert verify.select_tests(cluster, None) == registry.default_for(cluster) == want
+
+
+# -- a run that would check nothing never passes ---------------------------------------------------------------
+
+
+def _roce(tests: str | None = None) -> Cluster:
+    """The orchestrator's RoCE spec (no InfiniBand port, no IPoIB, no mounts), its verify.tests replaced."""
+    text = orch.SPEC if tests is None else orch.SPEC.replace("tests: [links, bandwidth, nccl]", f"tests: {tests}")
+    res = load_text(text, "cluster.yaml")
+    assert res.cluster is not None and (tests is None or text != orch.SPEC)
+    return res.cluster
+
+
+@pytest.mark.parametrize("value", [",", "", " , ,"])
+def test_only_with_no_name_is_a_usage_error(value: str) -> None:
+    with pytest.raises(UsageError) as exc:
+        registry.parse_only(value.split(","))
+    assert str(exc.value) == f"--only names no check (choose from {', '.join(NAMES)})"
+    with pytest.raises(UsageError):
+        verify.select_tests(_roce(), [])  # the same for a caller's own list
+
+
+@pytest.mark.parametrize("value", [",", ""])
+def test_cli_only_with_no_name_is_refused_in_one_line_before_anything_runs(
+        value: str, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    rc = main(["verify", str(EXAMPLES / "roce-200g-4node.yaml"), "--only", value, "--out", str(state)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and "PASS" not in out
+    assert err == f"provision: error: --only names no check (choose from {', '.join(NAMES)})\n"
+    assert not state.exists()
