@@ -228,9 +228,8 @@ class _Verifier:
             self.versions[node] = row
 
     def subnet_manager(self) -> None:
-        """``sminfo`` (the master) and ``sminfo <lid>`` per spec SM node, asked from one node that answered."""
-        if not any(p.link_layer == "infiniband" for n in self.cluster.nodes for p in n.ports):
-            return  # Ethernet/RoCE: no subnet manager to check
+        """``sminfo`` (the master) and ``sminfo <lid>`` per spec SM node, asked from one node that answered (an
+        Ethernet/RoCE spec has no SM: the registry's ``needs`` keeps this from running there)."""
         observed = self.ibstat()
         compute = [n.name for n in self.cluster.nodes_with_role("compute")]
         order = [n for n in compute if n in observed] + sorted(observed)
@@ -460,16 +459,12 @@ class _Verifier:
 
     # -- ipoib -------------------------------------------------------------------------------------------------
     def ipoib_check(self) -> None:
-        if not self.cluster.ipoib:
-            self.checks.append(CheckResult.could_not_run(ipoib.CHECK, None, "the spec plans no IPoIB interfaces"))
-            return
+        """Every planned IPoIB interface (a spec that plans none never gets here: see the registry's ``needs``)."""
         self.checks += ipoib.check_ipoib(self.cluster, self.remote)
 
     # -- storage ----------------------------------------------------------------------------------------------
     def shared_storage(self) -> None:
-        if not storage.expected_mounts(self.cluster):
-            self.checks.append(CheckResult.could_not_run(storage.CHECK, None, "the spec lists no NFS or Lustre mounts"))
-            return
+        """The spec's mounts and exports (a spec that lists none never gets here: see the registry's ``needs``)."""
         self.checks += storage.check_storage(self.cluster, self.remote)
 
 
@@ -517,7 +512,11 @@ def verify(
 ) -> VerifyRun:
     """Run the selected checks and write the reports; see the module docstring."""
     chosen = select_tests(cluster, tests)
-    steps = [registry.BY_NAME[name] for name in chosen]
+    # a check asked for by name with nothing to check in this spec (sm on RoCE, storage without mounts) could not
+    # run; so could each one the spec lists when dropping them leaves a run without --only nothing to check
+    lacking = dict(registry.emptied(cluster)) if not chosen else {
+        name: why for name in chosen if (why := registry.unmet(registry.BY_NAME[name], cluster)) is not None}
+    steps = [registry.BY_NAME[name] for name in chosen if name not in lacking]
     started = now()
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
@@ -526,7 +525,10 @@ def verify(
         if any(c.every_node for c in steps):  # sm and cabling ask one node that answers; the rest every node
             progress("ssh: every node answers (a node that does not is reported once and left out)")
             v.reach()
-        for check in steps:
+        for check in (registry.BY_NAME[name] for name in registry.NAMES if name in chosen or name in lacking):
+            if check.name in lacking:
+                v.checks.append(CheckResult.could_not_run(check.results[0], None, lacking[check.name]))
+                continue
             progress(registry.progress_label(check, cluster, mode))
             _RUN[check.name](v, mode)
         for check in steps:  # in the same order: the node port counters, then the switch port counters
@@ -544,6 +546,9 @@ def verify(
     size = cluster.spec.verify.bandwidth.message_size
     drift = baseline.compare(baseline.load(base_path), v.matrix, size, v.nccl_busbw)
     checks = reach.settle(links.blame_flapping_ends(v.checks, cluster), v.lost)
+    if not checks:  # a run that checked nothing has not passed
+        checks.append(CheckResult.could_not_run("verify", None, f"no check gave a result ({', '.join(chosen)})"
+                                                if chosen else "the spec's verify.tests names no check"))
     if v.matrix or v.nccl_busbw is not None:
         checks.append(CheckResult.from_findings(baseline.CHECK, None, drift))
     peers = {node: group for group, nodes in peer_groups(cluster).items() for node in nodes}

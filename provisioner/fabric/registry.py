@@ -46,7 +46,10 @@ class Check:
     with_links: bool = False
     """Run by default whenever ``links`` is (the spec cannot list it in ``verify.tests``)."""
     needs: Callable[[Cluster], bool] | None = None
-    """Dropped from the default set when this says the spec plans nothing it could check."""
+    """Dropped from the default set when this says the spec plans nothing it could check; asked for by name
+    (``--only``), it then could not run, for the reason :attr:`lacks` gives (:func:`unmet`)."""
+    lacks: str = ""
+    """Why it has nothing to check when :attr:`needs` says so ("the spec plans no IPoIB interfaces")."""
     planned: Callable[[Cluster], bool] | None = None
     """Added to the default set when this says the spec plans something it checks, listed or not."""
 
@@ -68,6 +71,11 @@ def _has_mounts(cluster: Cluster) -> bool:
 
 def _has_ipoib(cluster: Cluster) -> bool:
     return bool(cluster.ipoib)
+
+
+def _has_infiniband(cluster: Cluster) -> bool:
+    """An InfiniBand port anywhere: only then is there a subnet manager to ask (Ethernet/RoCE has none)."""
+    return any(p.link_layer == "infiniband" for n in cluster.nodes for p in n.ports)
 
 
 def _bandwidth_label(cluster: Cluster, mode: str | None) -> str:
@@ -92,10 +100,12 @@ CHECKS: tuple[Check, ...] = (
     Check("sm", "provisioner.fabric.sm_verify", ("subnet_manager",),
           "the spec's master SM is master, every planned SM answers",
           "sm: the spec's master SM is master, every planned SM answers (sminfo)", every_node=False,
-          with_links=True),
+          with_links=True, needs=_has_infiniband,
+          lacks="the spec plans no InfiniBand port, so there is no subnet manager to check"),
     Check("ipoib", "provisioner.fabric.ipoib", ("ipoib",),
           "every planned IPoIB interface up, addressed, a peer answers",
-          "ipoib: every planned interface up with its address and MTU, a peer answers over it", needs=_has_ipoib),
+          "ipoib: every planned interface up with its address and MTU, a peer answers over it", needs=_has_ipoib,
+          lacks="the spec plans no IPoIB interfaces"),
     Check("cabling", "provisioner.fabric.cabling", ("cabling", "switch_links", "switch_ports"),
           "cables and links between tiers as planned, switch port counters",
           "cabling: iblinkinfo against the spec's cabling and links between tiers; switch port counters",
@@ -112,7 +122,8 @@ CHECKS: tuple[Check, ...] = (
     Check("storage", "provisioner.fabric.storage",
           ("storage", "storage_roundtrip", "storage_throughput", "storage_export"),
           "NFS/Lustre mounts, a file round trip, the exports",
-          "storage: mounts, a file round trip, the exports (user space where no kernel client)", needs=_has_mounts),
+          "storage: mounts, a file round trip, the exports (user space where no kernel client)", needs=_has_mounts,
+          lacks="the spec lists no NFS or Lustre mounts"),
 )
 
 NAMES: tuple[str, ...] = tuple(c.name for c in CHECKS)
@@ -139,9 +150,21 @@ def default_for(cluster: Cluster) -> list[str]:
     def chosen(c: Check) -> bool:
         asked = c.name in wanted or (c.with_links and "links" in wanted) or (c.planned is not None
                                                                              and c.planned(cluster))
-        return asked and (c.needs is None or c.needs(cluster))
+        return asked and unmet(c, cluster) is None
 
     return [c.name for c in CHECKS if chosen(c)]
+
+
+def unmet(check: Check, cluster: Cluster) -> str | None:
+    """Why ``check`` has nothing to check in this spec (its :attr:`Check.lacks`); None when it has."""
+    return check.lacks if check.needs is not None and not check.needs(cluster) else None
+
+
+def emptied(cluster: Cluster) -> list[tuple[str, str]]:
+    """The checks the spec's ``verify.tests`` lists that :func:`default_for` drops, with why: what a run that
+    is left with nothing to check reports as could not run."""
+    return [(c.name, why) for c in CHECKS
+            if c.name in cluster.spec.verify.tests and (why := unmet(c, cluster)) is not None]
 
 
 def progress_label(check: Check, cluster: Cluster, mode: str | None) -> str:

@@ -220,7 +220,7 @@ def test_node_lost_during_bandwidth_is_dropped_and_the_rest_measured_again(tmp_p
 
 def test_only_selects_tests_and_rejects_unknown() -> None:
     c = cluster()
-    assert select_tests(c, None) == ["links", "versions", "sm", "bandwidth", "nccl"]
+    assert select_tests(c, None) == ["links", "versions", "bandwidth", "nccl"]  # RoCE: no SM goes with links
     assert select_tests(c, ["bandwidth", "links"]) == ["links", "bandwidth"]
     with pytest.raises(UsageError, match="unknown test"):
         select_tests(c, ["linkz"])

@@ -118,11 +118,12 @@ def test_cli_help_lists_every_check_with_its_help(capsys: pytest.CaptureFixture[
     ("h100-ndr-64node-3tier.yaml", ["links", "versions", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
     ("h100-ndr-8node-2hca.yaml", EVERY),
     ("h100-ndr-8node.yaml", EVERY),
-    ("roce-200g-4node.yaml", ["links", "versions", "sm", "bandwidth", "gpudirect", "nccl"]),  # no iblinkinfo on RoCE
+    # no iblinkinfo on RoCE, and no subnet manager: sm no longer goes with links there (it ran and reported nothing)
+    ("roce-200g-4node.yaml", ["links", "versions", "bandwidth", "gpudirect", "nccl"]),
     ("lab/cluster.yaml", EVERY),
 ])
 def test_default_set_per_example_spec(example: str, want: list[str]) -> None:
-    """The sets select_tests gave before the registry (recorded from it), now in run order."""
+    """The sets select_tests gave before the registry (recorded from it), now in run order; on RoCE without sm."""
     cluster, _ = load_cluster(EXAMPLES / example, None)
     assert verify.select_tests(cluster, None) == registry.default_for(cluster) == want
 
@@ -136,6 +137,15 @@ def _roce(tests: str | None = None) -> Cluster:
     res = load_text(text, "cluster.yaml")
     assert res.cluster is not None and (tests is None or text != orch.SPEC)
     return res.cluster
+
+
+def test_a_check_with_needs_says_what_it_lacks_and_only_then() -> None:
+    for c in CHECKS:
+        assert bool(c.lacks) == (c.needs is not None), c.name
+    assert registry.unmet(registry.BY_NAME["sm"], _roce()) == registry.BY_NAME["sm"].lacks
+    assert registry.unmet(registry.BY_NAME["links"], _roce()) is None
+    ib, _ = load_cluster(EXAMPLES / "h100-ndr-8node.yaml", None)
+    assert [registry.unmet(c, ib) for c in CHECKS] == [None] * len(CHECKS)  # it plans every one
 
 
 @pytest.mark.parametrize("value", [",", "", " , ,"])
@@ -156,3 +166,65 @@ def test_cli_only_with_no_name_is_refused_in_one_line_before_anything_runs(
     assert rc == 2 and "PASS" not in out
     assert err == f"provision: error: --only names no check (choose from {', '.join(NAMES)})\n"
     assert not state.exists()
+
+
+NO_SM = (("subnet_manager", "the spec plans no InfiniBand port, so there is no subnet manager to check"),)
+NO_IPOIB = (("ipoib", "the spec plans no IPoIB interfaces"),)
+NO_MOUNTS = (("storage", "the spec lists no NFS or Lustre mounts"),)
+
+
+@pytest.mark.parametrize(("only", "want"), [
+    (["sm"], NO_SM),
+    (["storage"], NO_MOUNTS),
+    (["ipoib"], NO_IPOIB),
+    (["storage", "sm", "ipoib"], NO_SM + NO_IPOIB + NO_MOUNTS),  # in run order
+])
+def test_only_checks_with_nothing_to_check_could_not_run_and_nothing_is_asked(
+        only: list[str], want: tuple[tuple[str, str], ...], tmp_path: Path) -> None:
+    remote = orch.FakeRemote()
+    said: list[str] = []
+    run = verify.verify(_roce(), tests=only, remote=remote, state_dir=tmp_path, write=False, progress=said.append)
+    assert tuple((c.name, c.error) for c in run.report.checks) == want
+    assert all(c.node is None for c in run.report.checks)
+    assert run.exit_code == 2 and run.report.verdict.label == "INCOMPLETE"
+    assert remote.calls == []  # not even the every-node answer probe
+    assert said == ["verify: INCOMPLETE"]
+
+
+def test_only_sm_with_links_on_roce_runs_links_and_says_sm_could_not_run(tmp_path: Path) -> None:
+    run = verify.verify(_roce(), tests=["sm", "links"], remote=orch.FakeRemote(), state_dir=tmp_path, write=False)
+    links = [c for c in run.report.checks if c.name == "links"]
+    assert len(links) == 4 and all(c.ran for c in links)
+    assert tuple((c.name, c.error) for c in run.report.checks if c.name == "subnet_manager") == NO_SM
+    assert run.exit_code != 0 and run.report.verdict.could_not_run >= 1  # never PASS without sm
+
+
+def test_a_spec_whose_tests_all_have_nothing_to_check_does_not_pass(tmp_path: Path) -> None:
+    cluster = _roce("[storage, ipoib]")
+    assert registry.default_for(cluster) == []
+    run = verify.verify(cluster, remote=orch.FakeRemote(), state_dir=tmp_path, write=False)
+    assert tuple((c.name, c.error) for c in run.report.checks) == NO_IPOIB + NO_MOUNTS
+    assert run.exit_code == 2
+
+
+def test_a_spec_that_lists_no_test_does_not_pass(tmp_path: Path) -> None:
+    run = verify.verify(_roce("[]"), remote=orch.FakeRemote(), state_dir=tmp_path, write=False)
+    assert [(c.name, c.error) for c in run.report.checks] == [("verify", "the spec's verify.tests names no check")]
+    assert run.exit_code == 2
+
+
+def test_a_check_that_gives_no_result_leaves_the_run_incomplete(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(verify._RUN, "nccl", lambda v, mode: None)
+    run = verify.verify(_roce(), tests=["nccl"], remote=orch.FakeRemote(), state_dir=tmp_path, write=False)
+    assert [(c.name, c.error) for c in run.report.checks] == [("verify", "no check gave a result (nccl)")]
+    assert run.exit_code == 2
+
+
+def test_cli_only_sm_on_roce_is_incomplete_with_the_reason(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    rc = main(["verify", str(EXAMPLES / "roce-200g-4node.yaml"), "--only", "sm", "--out", str(tmp_path)])
+    out = capsys.readouterr().out.splitlines()
+    assert rc == 2
+    assert out[0] == f"NOT RUN subnet_manager cluster: {NO_SM[0][1]}"
+    assert out[1].startswith("INCOMPLETE: ") and len(out) == 2
