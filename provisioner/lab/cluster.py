@@ -194,6 +194,12 @@ LAB_SITE_VARS: dict[str, bool | str] = {
     # the node image has no compiler, autotools or CUDA headers: perftest_cuda installs the site-build stand-in
     # package perftest-cuda instead of building perftest (the build itself is not proven in the lab)
     "perftest_cuda_build_from_source": False,
+    # slurmd's cgroup plugins create cgroups under /sys/fs/cgroup, which podman mounts read-only in the lab's
+    # containers ("unable to create cgroup '/sys/fs/cgroup/freezer/slurm_<node>' : Read-only file system", then
+    # "slurmd initialization failed"): the lab tracks job processes by their parent PIDs instead and does not
+    # confine tasks. Real nodes keep the role's cgroup defaults.
+    "slurm_proctrack_type": "proctrack/linuxproc",
+    "slurm_task_plugin": "task/none",
 }
 """What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
 

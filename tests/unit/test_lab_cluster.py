@@ -53,7 +53,8 @@ def test_overlay_shape() -> None:
                                   "nccl_tests_build_from_source": False,
                                   # the lab's IPoIB links are veth pairs (provisioner/lab/ipoib.py)
                                   "ipoib_require_infiniband": False,
-                                  "perftest_cuda_build_from_source": False}}
+                                  "perftest_cuda_build_from_source": False,
+                                  "slurm_proctrack_type": "proctrack/linuxproc", "slurm_task_plugin": "task/none"}}
 
 
 def test_overlay_site_vars_are_role_variables_the_spec_accepts() -> None:
