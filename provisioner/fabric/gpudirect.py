@@ -162,12 +162,22 @@ def nic_gpus(cluster: Cluster, topo: Mapping[str, Mapping[str, Any] | None]) -> 
     return out
 
 
-def _skipped(reason: str, nodes: list[str]) -> CheckResult:
+def _not_measured(cluster: Cluster, result: CheckResult) -> CheckResult:
+    """No CUDA perftest to measure with: where the spec requires GPUDirect (the default) that is a test that could
+    not run (a tool missing), so the run is INCOMPLETE (exit 2), never PASS; where the site made GPUDirect optional
+    it is a skip. The reason and the per-node warnings stay either way."""
+    if not cluster.spec.verify.gpudirect.required:
+        return result
+    return replace(result, error=result.skipped, skipped=None)
+
+
+def _skipped(cluster: Cluster, reason: str, nodes: list[str]) -> CheckResult:
     """The bandwidth test could not be run by these perftest builds: skipped, with a warning per node."""
     warn = [Finding(BW_CHECK, "warning", n, None, None, "ib_write_bw with --use_cuda", "not supported by its build",
                     f"{n}: GPUDirect bandwidth not measured: its perftest cannot use GPU memory", INSTALL_HINT)
             for n in nodes]
-    return CheckResult.skip(BW_CHECK, None, f"GPUDirect bandwidth not measured: {reason}", warn)
+    return _not_measured(cluster, CheckResult.skip(BW_CHECK, None, f"GPUDirect bandwidth not measured: {reason}",
+                                                   warn))
 
 
 def gdr_bandwidth(cluster: Cluster, runner: GdrRunner, mode: str | None = None,
@@ -184,7 +194,7 @@ def gdr_bandwidth(cluster: Cluster, runner: GdrRunner, mode: str | None = None,
         return CheckResult.could_not_run(BW_CHECK, None, "needs two GPU nodes with rails")
     problems = perftest_problems(cluster, perftest or {})
     if problems:
-        return _skipped("; ".join(problems[n] for n in sorted(problems)), sorted(problems))
+        return _skipped(cluster, "; ".join(problems[n] for n in sorted(problems)), sorted(problems))
     rates = bandwidth.line_rates(nodes)
     devices = {p.rail: p.device for n in nodes for p in n.rail_ports if p.rail is not None}
     refused: list[str] = []
@@ -205,11 +215,11 @@ def gdr_bandwidth(cluster: Cluster, runner: GdrRunner, mode: str | None = None,
         found += verdict_findings(loc, device_by_rail=devices)
     if refused:
         first = sorted(set(refused))[0]  # runs are parallel: report the same line whatever their order
-        return CheckResult.skip(
+        return _not_measured(cluster, CheckResult.skip(
             BW_CHECK, None, f"GPUDirect bandwidth not measured: the perftest build refused the GPU memory options "
             f"(built without CUDA{' DMA-BUF' if dmabuf_mode(cluster) else ''}): {first}",
             [Finding(BW_CHECK, "warning", None, None, None, "ib_write_bw with --use_cuda", first,
-                     "GPUDirect bandwidth not measured: perftest refused --use_cuda", INSTALL_HINT)])
+                     "GPUDirect bandwidth not measured: perftest refused --use_cuda", INSTALL_HINT)]))
     found += bandwidth.unexplained_failures(measured, found, devices)
     found += bandwidth.pair_detail_findings(measured, devices)
     sev: Severity = "error" if cfg.required else "warning"

@@ -350,6 +350,24 @@ def test_dmabuf_mode_needs_no_peermem_but_a_new_enough_kernel(labc: Lab) -> None
     assert_only_blamed(old, {"gpu02"})
 
 
+def test_gpudirect_without_a_cuda_perftest_could_not_run_with_the_reason(labc: Lab) -> None:
+    """Stock perftest (DOCA's, Debian's) has no --use_cuda: a node whose CUDA build is gone leaves the GPUDirect
+    bandwidth test not run, with that reason, never a pass and never a fabric fault (#12 rule 5). The old check ran
+    the pairs anyway and blamed rail 0 and rail 1 of the node ("4 of 4 pairs failed")."""
+    sh("gpu02", f"{APT} remove -y perftest-cuda")
+    try:
+        assert "--use_cuda" not in sh("gpu02", "ib_write_bw --help 2>&1 || true")  # the stock build is what is left
+        run = verify(labc.cluster, tests=["gpudirect"], write=False)
+    finally:
+        sh("gpu02", f"{APT} install -y --no-install-recommends perftest-cuda")
+    gdr = next(c for c in run.report.checks if c.name == "gpudirect_bandwidth")
+    assert not gdr.passed and gdr.error is not None, (gdr.passed, gdr.error, show(run.report.findings()))
+    assert "gpu02: " in gdr.error and "built without CUDA" in gdr.error, gdr.error
+    assert not [f for f in run.report.findings() if f.severity == "error"], show(run.report.findings())
+    assert {f.node for f in run.report.findings() if f.severity == "warning"} == {"gpu02"}, show(run.report.findings())
+    assert run.exit_code == 2  # GPUDirect is required here: not measured is INCOMPLETE, never PASS
+
+
 def test_slow_rail_fails_nccl_and_the_follow_up_names_the_node(labc: Lab) -> None:
     inject(labc, "gpu02", "slow_link", device="mlx5_1", bw_factor=0.5)
     try:

@@ -14,6 +14,7 @@ import pytest
 
 from provisioner.fabric import baseline, cabling, gpudirect, links, nccl, versions
 from provisioner.fabric.bandwidth import check_bandwidth, line_rates, rail_groups
+from provisioner.fabric.findings import Verdict
 from provisioner.fabric.perftest import PairRun, PerftestSettings, perftest_argv, read_result
 from provisioner.lab import packages
 from provisioner.parsers import parse
@@ -340,16 +341,25 @@ def _client_runner(c: Cluster, script: Path, *, dmabuf: bool = False) -> gpudire
     return run
 
 
-def test_gdr_bandwidth_against_stock_perftest_is_skipped_not_blamed_on_hardware(tmp_path: Path) -> None:
-    # Debian's perftest has no --use_cuda ("unrecognized option"): nothing was measured, no node is at fault.
+OPTIONAL_GDR = IB.replace("verify: {", "verify: {gpudirect: {required: false}, ")
+
+
+def test_gdr_bandwidth_against_stock_perftest_could_not_run_and_is_not_blamed_on_hardware(tmp_path: Path) -> None:
+    # Debian's perftest has no --use_cuda ("unrecognized option"): nothing was measured, no node is at fault. With
+    # GPUDirect required (the default) the test could not run (INCOMPLETE, never PASS); made optional, it is skipped.
     c = cluster_from(IB)
     res = gpudirect.gdr_bandwidth(c, _client_runner(c, _sim_script(tmp_path, None)))
-    assert res.skipped is not None and not res.passed and res.error is None
-    assert "unrecognized option '--use_cuda=0'" in res.skipped and "without CUDA" in res.skipped
+    assert res.error is not None and not res.passed and res.skipped is None
+    assert "unrecognized option '--use_cuda=0'" in res.error and "without CUDA" in res.error
     assert not [f for f in res.findings if f.severity == "error"]
+    assert Verdict.of([res]).exit_code == 2
     newer = _sim_script(tmp_path, {"version": "24.10.0-0.66", "cuda": False})
     res = gpudirect.gdr_bandwidth(c, _client_runner(c, newer))
-    assert res.skipped is not None and "Unsupported memory type" in res.skipped
+    assert res.error is not None and "Unsupported memory type" in res.error
+    optional = cluster_from(OPTIONAL_GDR)
+    res = gpudirect.gdr_bandwidth(optional, _client_runner(optional, _sim_script(tmp_path, None)))
+    assert res.skipped is not None and res.error is None and "without CUDA" in res.skipped
+    assert Verdict.of([res]).exit_code == 0
 
 
 def test_gpudirect_probe_skips_with_the_nodes_whose_perftest_lacks_cuda(tmp_path: Path) -> None:
@@ -362,12 +372,13 @@ def test_gpudirect_probe_skips_with_the_nodes_whose_perftest_lacks_cuda(tmp_path
     assert support["gpu03"] == gpudirect.PerftestCuda("/usr/bin/ib_write_bw", False, False)
     never: gpudirect.GdrRunner = lambda a, b, rail: pytest.fail("no pair may run without a CUDA perftest")  # noqa: E731
     res = gpudirect.gdr_bandwidth(c, never, perftest=support)
-    assert res.skipped is not None and not res.passed
-    assert "gpu03: /usr/bin/ib_write_bw was built without CUDA (its --help lists no --use_cuda)" in res.skipped
+    assert res.error is not None and not res.passed
+    assert "gpu03: /usr/bin/ib_write_bw was built without CUDA (its --help lists no --use_cuda)" in res.error
     assert [(f.node, f.severity) for f in res.findings] == [("gpu03", "warning")]
     assert "perftest_cuda" in res.findings[0].hint
     missing = {**support, "gpu02": gpudirect.perftest_support(Completed(127, "", ""))}
-    assert "gpu02: no ib_write_bw on the PATH" in str(gpudirect.gdr_bandwidth(c, never, perftest=missing).skipped)
+    assert "gpu02: no ib_write_bw on the PATH" in str(gpudirect.gdr_bandwidth(c, never, perftest=missing).error)
+    assert gpudirect.gdr_bandwidth(cluster_from(OPTIONAL_GDR), never, perftest=support).skipped is not None
     ran = gpudirect.gdr_bandwidth(c, _gdr_runner(None), perftest={**support, "gpu03": support["gpu01"]})
     assert ran.passed and ran.skipped is None
 
@@ -385,7 +396,7 @@ def test_dmabuf_mode_needs_no_peermem_and_a_perftest_with_cuda_dmabuf(tmp_path: 
     old_cuda = _probe(_sim_script(tmp_path, {"version": "25.10.0-0.128", "cuda": True, "cuda_dmabuf": False}))
     support = {n: gpudirect.perftest_support(old_cuda) for n in ("gpu01", "gpu02", "gpu03", "gpu04")}
     res_bw = gpudirect.gdr_bandwidth(c, _gdr_runner(None), perftest=support)
-    assert res_bw.skipped is not None and "--use_cuda_dmabuf" in res_bw.skipped
+    assert res_bw.error is not None and "--use_cuda_dmabuf" in res_bw.error
     assert gpudirect.gdr_bandwidth(cluster_from(IB), _gdr_runner(None), perftest=support).passed
     # the DMA-BUF run: --use_cuda first (perftest issue #336), then --use_cuda_dmabuf
     port = c.node("gpu01").rail_ports[0]
