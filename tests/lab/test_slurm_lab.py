@@ -1,0 +1,254 @@
+"""Day 2 on a real Slurm: a rolling driver change under a running job, a failing batch and its resume, and a
+spare taking a failed node's place, on a 4-node lab (tests/lab/slurm_cluster.yaml).
+
+Slurm here is Debian's own (slurmctld on sm1, slurmd on gpu01-03, MUNGE), installed and configured by the slurm
+role from the Debian mirror: draining, waiting for jobs, resuming and partition changes are what real Slurm does.
+The tests share one lab and one state directory and run in file order:
+
+1. a fresh lab converges with the slurm phase (exit 0): gpu01-02 idle in the partition, the spare gpu03
+   registered with slurmctld and in no partition;
+2. the driver pin moves to the lab's newer release and ``--rolling --batch 1`` runs with a job sleeping on gpu01
+   and gpu01's mlx5_1 link trained at 2X: the spare's batch passes; gpu01's batch drains it, waits for the job to
+   end (the job completes, it is not killed), converges, fails verification and stops there, gpu01 drained with
+   the reason and the resume command printed (exit 1); with the link repaired, that command ends the rolling run
+   (exit 0): every GPU node runs the new driver and every partition node is back in service;
+3. with a job running on gpu02, gpu02 loses a GPU; one ``provision watch --once`` round sees it (twice, the
+   confirmation probe), drains gpu02, verifies the spare against a healthy peer, puts gpu03 in gpu02's place in the
+   partition and persists slurm.conf; the time from the fault to the spare in the partition is measured and must be
+   inside the spec's failover budget (``bench/bench_failover.py`` reports the same timeline).
+
+Run: ``PROVISIONER_LAB_DIR=/tmp/slurm-lab pytest -m lab tests/lab/test_slurm_lab.py`` (root, podman); the cluster
+name is ``slurmlab`` unless PROVISIONER_LAB_TEST_CLUSTER says otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from provisioner import cli
+from provisioner.lab import faults, fromspec
+from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
+from provisioner.lab.host import ensure_containers_conf, podman
+from provisioner.lab.names import container_name
+from provisioner.rolling import load_last
+from provisioner.slurm.membership import load_swaps
+from provisioner.spec import load_cluster
+
+pytestmark = [
+    pytest.mark.lab,
+    pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None, reason="needs root and podman"),
+]
+
+SPEC = Path(__file__).with_name("slurm_cluster.yaml")
+CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "slurmlab")
+OLD_DRIVER, NEW_DRIVER = "550.90.07", "550.127.05"
+HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
+
+
+@dataclass
+class Lab:
+    info: LabInfo
+    spec: Path
+    state: Path
+
+    @property
+    def root(self) -> str:
+        return str(cluster_dir(CLUSTER))
+
+
+@pytest.fixture(scope="module")
+def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
+    """One lab for the module, brought up as `provision lab up` does; always taken down."""
+    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
+    d = tmp_path_factory.mktemp("slurm")
+    text = SPEC.read_text(encoding="utf-8").replace("cluster: {name: slurmlab,", f"cluster: {{name: {CLUSTER},")
+    assert f"name: {CLUSTER}," in text
+    spec = d / "cluster.yaml"
+    spec.write_text(text, encoding="utf-8")
+    ensure_containers_conf()
+    cluster, _ = load_cluster(spec)
+    request.addfinalizer(lambda: lab_down(CLUSTER))
+    info = lab_up(CLUSTER, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster), fromspec.lab_cables(cluster),
+                  versions=fromspec.lab_versions(cluster))
+    fromspec.write_switch_links(str(cluster_dir(CLUSTER)), fromspec.lab_switch_links(cluster))
+    yield Lab(info, spec, d / "state")
+
+
+def provision(lab: Lab, capsys: pytest.CaptureFixture[str], *args: str, spec: Path | None = None) -> tuple[int, str]:
+    """`provision ARGS... SPEC --overlay OVERLAY --out STATE` in this process; (exit code, stdout + stderr)."""
+    capsys.readouterr()
+    rc = cli.main([*args, str(spec or lab.spec), "--overlay", str(lab.info.overlay), "--out", str(lab.state)])
+    out = capsys.readouterr()
+    return rc, out.out + out.err
+
+
+def sh(host: str, command: str) -> str:
+    """A command inside a lab node (the trusted local channel, not the product's SSH); fails on a non-zero exit."""
+    done = podman("exec", container_name(CLUSTER, host), "sh", "-c", command, check=False, timeout=120)
+    assert done.returncode == 0, f"{host}: {command}: exit {done.returncode}: {done.stderr[-2000:]}"
+    return done.stdout
+
+
+def node_state(name: str) -> dict[str, str]:
+    """`scontrol show node NAME` on the controller, as key=value pairs (Reason keeps its spaces)."""
+    text = sh("sm1", f"scontrol show node {shlex.quote(name)}")
+    fields = dict(re.findall(r"(\w+)=(\S*)", text))
+    reason = re.search(r"Reason=(.*?)(?: \[|$)", text, re.M)
+    fields["Reason"] = reason.group(1).strip() if reason else ""
+    return fields
+
+
+def partition_nodes(partition: str = "gpu") -> str:
+    return str(dict(re.findall(r"(\w+)=(\S*)", sh("sm1", f"scontrol show partition {partition}")))["Nodes"])
+
+
+def job(job_id: str) -> dict[str, str]:
+    return dict(re.findall(r"(\w+)=(\S*)", sh("sm1", f"scontrol show job {shlex.quote(job_id)}")))
+
+
+def submit(node: str, script: str) -> str:
+    """A job running SCRIPT on NODE, started (RUNNING) before this returns."""
+    job_id = sh("sm1", f"sbatch --parsable -p gpu -w {node} -o /dev/null --wrap {shlex.quote(script)}").strip()
+    assert job_id.isdigit(), job_id
+    deadline = time.monotonic() + 60
+    while job(job_id)["JobState"] != "RUNNING":
+        assert time.monotonic() < deadline, f"job {job_id} never started on {node}: {job(job_id)}"
+        time.sleep(0.5)
+    return job_id
+
+
+def with_driver(lab: Lab, version: str) -> Path:
+    text = lab.spec.read_text(encoding="utf-8")
+    old = f'driver: {{version: "{OLD_DRIVER}"'
+    assert old in text
+    path = lab.spec.with_name(f"cluster-{version}.yaml")
+    path.write_text(text.replace(old, f'driver: {{version: "{version}"'), encoding="utf-8")
+    return path
+
+
+def driver_version(host: str) -> str:
+    return sh(host, "nvidia-smi --query-gpu=driver_version --format=csv,noheader").split()[0]
+
+
+def test_fresh_cluster_runs_slurm(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    rc, out = provision(lab, capsys)
+    assert rc == 0, out[-4000:]
+    assert "slurm: ok" in out, out[-3000:]
+    assert re.search(r"^verify: (ok|PASS)", out, re.M) or "verify: PASS" in out, out[-3000:]
+    assert partition_nodes() == "gpu[01-02]"
+    for n in ("gpu01", "gpu02"):
+        assert node_state(n)["State"] == "IDLE", node_state(n)
+    spare = node_state("gpu03")
+    assert spare["State"] == "IDLE" and spare.get("Partitions", "") == "", spare
+
+
+def test_rolling_driver_change_waits_for_the_job_stops_at_a_failing_batch_and_resumes(
+        lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    new = with_driver(lab, NEW_DRIVER)
+    rc, out = provision(lab, capsys, "plan", spec=new)
+    assert rc == 1, out[-3000:]
+    assert "gpu01" in out and "gpu03" in out, out[-3000:]
+
+    # A job on gpu01 that runs until the test releases it: released only once Slurm has drained gpu01 under it and
+    # the rolling run is waiting, so the job ends by itself while the batch waits (never killed, never raced by a
+    # timer). gpu01's link then comes back at 2X from its maintenance (injected while it is drained: a link
+    # degraded before the run would also slow the spare's batch, whose verification uses gpu01 as a peer).
+    job_id = submit("gpu01", "while [ ! -e /run/release-job ]; do sleep 1; done")
+    seen: dict[str, str] = {}
+
+    def release_then_fault() -> None:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            j = load_last(lab.state)
+            batch = next((b for b in j.batches if b.nodes == ["gpu01"]), None) if j else None
+            if batch is not None and batch.status == "waiting" and "DRAIN" in node_state("gpu01")["State"]:
+                break
+            time.sleep(0.5)
+        else:
+            return
+        seen["state"], seen["job"] = node_state("gpu01")["State"], job(job_id)["JobState"]
+        sh("gpu01", "touch /run/release-job")
+        while job(job_id)["JobState"] in ("RUNNING", "COMPLETING") and time.monotonic() < deadline:
+            time.sleep(0.5)
+        faults.inject(lab.root, "gpu01", "degraded_width", device="mlx5_1", port=1, width="2X")
+        seen["injected"] = "yes"
+
+    helper = threading.Thread(target=release_then_fault, daemon=True)
+    helper.start()
+    rc, out = provision(lab, capsys, "up", "--rolling", "--batch", "1", "--max-wait", "300", spec=new)
+    helper.join(timeout=5)
+    assert seen.get("injected") == "yes", (seen, out[-3000:])
+    assert "DRAIN" in seen["state"] and seen["job"] == "RUNNING", seen  # drained under a running job, waiting
+    assert rc == 1, out[-4000:]
+    journal = load_last(lab.state)
+    assert journal is not None and journal.status == "stopped", journal
+    by_node = {tuple(b.nodes): b for b in journal.batches}
+    spare_batch, failed = by_node[("gpu03",)], by_node[("gpu01",)]
+    assert journal.batches.index(spare_batch) < journal.batches.index(failed), "the spare goes first"
+    assert spare_batch.status == "done" and failed.status == "failed", journal
+    assert "mlx5_1" in (failed.reason or ""), failed.reason
+    # the job ran to its end while gpu01 was drained: drained, then the job ended, then the converge began
+    ended = job(job_id)
+    assert ended["JobState"] == "COMPLETED", ended
+    assert failed.drained_at is not None and failed.idle_at is not None
+    assert failed.drained_at[:19] <= ended["EndTime"][:19] <= failed.idle_at[:19], (
+        failed.drained_at, ended["EndTime"], failed.idle_at)
+    gpu01 = node_state("gpu01")
+    assert "DRAIN" in gpu01["State"] and f"provision rolling {journal.rolling_id}" in gpu01["Reason"], gpu01
+    assert "failed" in gpu01["Reason"], gpu01
+    assert driver_version("gpu02") == OLD_DRIVER, "the batch after the failing one was not touched"
+    assert node_state("gpu02")["State"] == "IDLE"
+    resume = [ln.removeprefix("fix it, then resume: ") for ln in out.splitlines()
+              if ln.startswith("fix it, then resume: ")]
+    assert len(resume) == 1, out[-3000:]
+
+    faults.clear(lab.root, "gpu01")
+    argv = shlex.split(resume[0])
+    assert argv[0] == "provision", argv
+    capsys.readouterr()
+    rc = cli.main(argv[1:])
+    res = capsys.readouterr()
+    assert rc == 0, (res.out + res.err)[-4000:]
+    journal = load_last(lab.state)
+    assert journal is not None and journal.status == "passed", journal
+    for host in ("gpu01", "gpu02", "gpu03"):
+        assert driver_version(host) == NEW_DRIVER, host
+    for n in ("gpu01", "gpu02", "gpu03"):
+        assert node_state(n)["State"] == "IDLE", node_state(n)
+    assert partition_nodes() == "gpu[01-02]"
+    lab.spec.write_text(new.read_text(encoding="utf-8"), encoding="utf-8")  # the cluster runs the new pin now
+
+
+def test_watch_puts_the_spare_in_a_node_that_lost_a_gpu(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    job_id = submit("gpu02", "sleep 600")
+    t0 = time.monotonic()
+    faults.inject(lab.root, "gpu02", "gpu_missing")
+    rc, out = provision(lab, capsys, "watch", "--once", "--peers", "1")
+    in_partition_s = time.monotonic() - t0
+    assert rc == 1, out[-4000:]
+    assert partition_nodes() == "gpu[01,03]", out[-3000:]
+    gpu02 = node_state("gpu02")
+    assert "DRAIN" in gpu02["State"] and "provision failover" in gpu02["Reason"], gpu02
+    assert job(job_id)["JobState"] in ("RUNNING", "COMPLETING"), "a drain lets the job run on (it is lost with the GPU)"
+    swaps = load_swaps(lab.state)
+    assert [(s.failed, s.spare, s.partitions) for s in swaps] == [("gpu02", "gpu03", ("gpu",))], swaps
+    record = json.loads(sorted((lab.state / "failover").glob("*-gpu02.json"))[-1].read_text(encoding="utf-8"))
+    events = [e["event"] for e in record["timeline"]]
+    assert events[:4] == ["fault seen", "drained", "spare verified", "spare in partition"], events
+    assert events[-1] == "persisted", events
+    conf = sh("sm1", "cat /etc/slurm/slurm.conf")
+    assert re.search(r"^PartitionName=gpu Nodes=gpu01,gpu03 ", conf, re.M), conf
+    budget = 600
+    assert in_partition_s < budget, f"fault to spare in partition took {in_partition_s:.0f} s"
+    print(f"failover: fault to spare in partition {in_partition_s:.1f} s (budget {budget} s)")
