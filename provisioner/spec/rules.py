@@ -1084,7 +1084,9 @@ def _slurm_refs(c: Cluster, rep: Reporter, r: Rule) -> None:
 @rule("SPARES", "error",
       "A spare stands by outside every partition so that `provision failover` can put it in a failed node's "
       "place: it must be a defined node, in no partition, of the profile of the nodes it stands in for, on a "
-      "cluster whose Slurm can take it in.")
+      "cluster whose Slurm can take it in, and a member of the InfiniBand partitions those nodes are in (their jobs "
+      "send with that P_Key, NCCL_IB_PKEY: a spare outside it cannot talk to them, and admitting it at failover "
+      "would mean changing the SM's partitions under pressure).")
 def _spares(c: Cluster, rep: Reporter, r: Rule) -> None:
     spares = c.spec.spares
     if spares is None:
@@ -1121,3 +1123,12 @@ def _spares(c: Cluster, rep: Reporter, r: Rule) -> None:
             r.report(rep, ("spares", "nodes"), f"spare {n} (profile {by_name[n].profile}) can stand in for no "
                      f"partition node (profiles: {', '.join(sorted(profiles)) or 'none'})",
                      "a spare must have the hardware profile of the nodes it replaces")
+        else:
+            peers = {m for m in in_parts if m in by_name and by_name[m].profile == by_name[n].profile}
+            for ib in c.spec.fabric.partitions:
+                members = set(_names_of(ib.members, c) or [])
+                served = sorted(peers & members)
+                if served and n not in members:
+                    r.report(rep, ("spares", "nodes"), f"spare {n} is not in InfiniBand partition {ib.name} "
+                             f"(P_Key {ib.pkey:#06x}) of {hostlist.compress(served)}: in their place it could not "
+                             "reach their peers", f"add {n} to {ib.name}'s members; standing by there is harmless")

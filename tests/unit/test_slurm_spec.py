@@ -55,6 +55,18 @@ def test_a_spare_of_another_profile_stands_in_for_nobody() -> None:
     assert "SPARES: spare svc2 (profile svc) can stand in for no partition node (profiles: gpu2)" in _diags(text)
 
 
+def test_a_spare_must_be_in_the_infiniband_partitions_of_the_nodes_it_stands_in_for() -> None:
+    # gpu01-02 send with tenant_a's P_Key (NCCL_IB_PKEY): gpu03 in their place must be admitted by the SM already
+    part = '  partitions:\n    - {name: tenant_a, pkey: 0x8001, members: "gpu[01-02]"}\n'
+    anchor = "    adaptive_routing: true\n"
+    assert anchor in LAB
+    outside = LAB.replace(anchor, anchor + part)
+    assert ("SPARES: spare gpu03 is not in InfiniBand partition tenant_a (P_Key 0x8001) of gpu[01-02]: in their "
+            "place it could not reach their peers") in _diags(outside)
+    inside = LAB.replace(anchor, anchor + part.replace("gpu[01-02]", "gpu[01-03]"))
+    assert _diags(inside) == []
+
+
 def test_spares_need_slurm() -> None:
     text = LAB.split("slurm:")[0] + "spares: {nodes: gpu03}\n" + "verify:" + LAB.split("verify:")[1]
     assert any(d.startswith("SPARES: spares without slurm") for d in _diags(text))
