@@ -235,7 +235,7 @@ def test_watch_puts_the_spare_in_a_node_that_lost_a_gpu(lab: Lab, capsys: pytest
     t0 = time.monotonic()
     faults.inject(lab.root, "gpu02", "gpu_missing")
     rc, out = provision(lab, capsys, "watch", "--once", "--peers", "1")
-    in_partition_s = time.monotonic() - t0
+    round_s = time.monotonic() - t0  # the fault injected to the watch round done: spare in partition and persisted
     assert rc == 1, out[-4000:]
     assert partition_nodes() == "gpu[01,03]", out[-3000:]
     gpu02 = node_state("gpu02")
@@ -250,5 +250,7 @@ def test_watch_puts_the_spare_in_a_node_that_lost_a_gpu(lab: Lab, capsys: pytest
     conf = sh("sm1", "cat /etc/slurm/slurm.conf")
     assert re.search(r"^PartitionName=gpu Nodes=gpu01,gpu03 ", conf, re.M), conf
     budget = 600
-    assert in_partition_s < budget, f"fault to spare in partition took {in_partition_s:.0f} s"
-    print(f"failover: fault to spare in partition {in_partition_s:.1f} s (budget {budget} s)")
+    in_partition = next(e["s"] for e in record["timeline"] if e["event"] == "spare in partition")
+    assert in_partition < budget and round_s < budget, (in_partition, round_s)
+    print(f"failover: spare in partition {in_partition:.1f} s after the watch saw the fault; fault injected to the "
+          f"round done (persisted) {round_s:.1f} s; budget {budget} s")
