@@ -3,10 +3,20 @@
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
+import pytest
+
+from provisioner.lab import fromspec
+from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
 from provisioner.lab.hardware import LabCable, LabHca, LabNodeSpec, LabSwitch
+from provisioner.lab.host import ensure_containers_conf
+from provisioner.lab.ipoib import lab_ipoib_links
+from provisioner.spec import load_cluster
 
 CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labtest")
 """Overridable so that two runs on one host (a CI job and a developer) do not share containers."""
@@ -72,3 +82,39 @@ def mpi_trust(run: Callable[[str, str], str], gpu_nodes: Sequence[str], known_ho
         keys.append(run(host, "cat /root/.ssh/id_ed25519.pub").strip())
     for host in gpu_nodes:
         run(host, f"printf '%s\\n' {' '.join(shlex.quote(k) for k in keys)} >> /root/.ssh/authorized_keys")
+
+
+@dataclass
+class SpecLab:
+    """A lab brought up from one of the test specs (renamed to the lab's cluster name) and the state directory the
+    module's runs share."""
+
+    cluster: str
+    info: LabInfo
+    spec: Path
+    state: Path
+
+    @property
+    def root(self) -> str:
+        return str(cluster_dir(self.cluster))
+
+
+def spec_lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, spec: Path,
+             cluster: str) -> SpecLab:
+    """Bring up SPEC's lab as `provision lab up` does (its NFS exports, IPoIB links and switch links included) under
+    the name CLUSTER; taken down when the requesting fixture's scope ends."""
+    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
+    d = tmp_path_factory.mktemp(spec.stem)
+    text = spec.read_text(encoding="utf-8")
+    renamed = re.sub(r"^cluster: \{name: [a-z0-9-]+,", f"cluster: {{name: {cluster},", text, count=1, flags=re.M)
+    assert f"cluster: {{name: {cluster}," in renamed, f"{spec}: no 'cluster: {{name: ...,' line to rename"
+    path = d / "cluster.yaml"
+    path.write_text(renamed, encoding="utf-8")
+    ensure_containers_conf()
+    parsed, _ = load_cluster(path)
+    request.addfinalizer(lambda: lab_down(cluster))
+    info = lab_up(cluster, fromspec.lab_nodes(parsed), fromspec.lab_switches(parsed), fromspec.lab_cables(parsed),
+                  versions=fromspec.lab_versions(parsed), nfs_exports=fromspec.lab_nfs_exports(parsed),
+                  ipoib_links=lab_ipoib_links(parsed))
+    fromspec.write_switch_links(str(cluster_dir(cluster)), fromspec.lab_switch_links(parsed))
+    return SpecLab(cluster, info, path, d / "state")

@@ -31,18 +31,16 @@ import shutil
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
 from provisioner.errors import RemoteError
-from provisioner.lab import faults, fromspec
-from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
-from provisioner.lab.host import ensure_containers_conf, podman
-from provisioner.lab.ipoib import lab_ipoib_links
+from provisioner.lab import faults
+from provisioner.lab.host import podman
 from provisioner.lab.names import container_name
 from provisioner.lab.simtools import fabsim_reach, fabsim_sm
 from provisioner.phases import PHASE_NAMES, RunOptions, one_line, provision_run
@@ -66,34 +64,13 @@ CONVERGE = ["preflight", "repos", "ofed", "gpu_stack", "fabric", "storage"]
 PAUSE_PHASE = "gpu_stack"
 
 
-@dataclass
-class Lab:
-    info: LabInfo
-    spec: Path
-    state: Path
-
-    @property
-    def root(self) -> str:
-        return str(cluster_dir(CLUSTER))
+Lab = SpecLab
 
 
 @pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """One lab for the module, brought up as `provision lab up` does; always taken down."""
-    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
-    d = tmp_path_factory.mktemp("e2e")
-    text = SPEC.read_text(encoding="utf-8").replace("cluster: {name: e2e,", f"cluster: {{name: {CLUSTER},")
-    assert f"name: {CLUSTER}," in text
-    spec = d / "cluster.yaml"
-    spec.write_text(text, encoding="utf-8")
-    ensure_containers_conf()
-    cluster, _ = load_cluster(spec)
-    request.addfinalizer(lambda: lab_down(CLUSTER))
-    info = lab_up(CLUSTER, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster), fromspec.lab_cables(cluster),
-                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster),
-                  ipoib_links=lab_ipoib_links(cluster))
-    fromspec.write_switch_links(str(cluster_dir(CLUSTER)), fromspec.lab_switch_links(cluster))
-    yield Lab(info, spec, d / "state")
+    yield spec_lab(request, tmp_path_factory, SPEC, CLUSTER)
 
 
 @pytest.fixture(autouse=True)

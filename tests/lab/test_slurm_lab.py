@@ -31,19 +31,17 @@ import shutil
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
-from provisioner.lab import faults, fromspec
-from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
-from provisioner.lab.host import ensure_containers_conf, podman
+from provisioner.lab import faults
+from provisioner.lab.host import podman
 from provisioner.lab.names import container_name
 from provisioner.rolling import load_last
 from provisioner.slurm.membership import load_swaps
-from provisioner.spec import load_cluster
 
 pytestmark = [
     pytest.mark.lab,
@@ -56,33 +54,13 @@ OLD_DRIVER, NEW_DRIVER = "550.90.07", "550.127.05"
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
 
 
-@dataclass
-class Lab:
-    info: LabInfo
-    spec: Path
-    state: Path
-
-    @property
-    def root(self) -> str:
-        return str(cluster_dir(CLUSTER))
+Lab = SpecLab
 
 
 @pytest.fixture(scope="module")
 def lab(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Lab]:
     """One lab for the module, brought up as `provision lab up` does; always taken down."""
-    os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("labdir")))
-    d = tmp_path_factory.mktemp("slurm")
-    text = SPEC.read_text(encoding="utf-8").replace("cluster: {name: slurmlab,", f"cluster: {{name: {CLUSTER},")
-    assert f"name: {CLUSTER}," in text
-    spec = d / "cluster.yaml"
-    spec.write_text(text, encoding="utf-8")
-    ensure_containers_conf()
-    cluster, _ = load_cluster(spec)
-    request.addfinalizer(lambda: lab_down(CLUSTER))
-    info = lab_up(CLUSTER, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster), fromspec.lab_cables(cluster),
-                  versions=fromspec.lab_versions(cluster))
-    fromspec.write_switch_links(str(cluster_dir(CLUSTER)), fromspec.lab_switch_links(cluster))
-    yield Lab(info, spec, d / "state")
+    yield spec_lab(request, tmp_path_factory, SPEC, CLUSTER)
 
 
 def provision(lab: Lab, capsys: pytest.CaptureFixture[str], *args: str, spec: Path | None = None) -> tuple[int, str]:
