@@ -66,6 +66,24 @@ class RejectWithFingerprint(paramiko.RejectPolicy):
         )
 
 
+class RejectBastion(paramiko.RejectPolicy):
+    """RejectPolicy for the jump host (``ssh.jump``): names it as the bastion, with the refused key's fingerprint
+    and the known_hosts line that would trust it once the operator has compared the fingerprint."""
+
+    def __init__(self, target: SshTarget) -> None:
+        self.target = target
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> NoReturn:
+        t = self.target
+        line = f"{known_hosts_name(t.address, t.port)} {key.get_name()} {key.get_base64()}"
+        raise RemoteError(
+            f"bastion {t.user}@{t.address}:{t.port}: host key {key.get_name()} {fingerprint(key)} is not in "
+            f"{t.known_hosts}; refusing to connect (no node behind it was contacted)",
+            hint="compare the fingerprint with the bastion's console (ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub), "
+            f"then trust it by adding this line to {t.known_hosts}: {line}",
+        )
+
+
 def load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
     """known_hosts for ``target``; a key recorded under the node's name also counts for its address."""
     if not target.known_hosts.is_file():

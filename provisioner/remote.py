@@ -6,6 +6,10 @@ Why it looks the way it does:
   whose key is missing or different (``RejectPolicy``). The error names the host, the address and the key's
   SHA256 fingerprint, and says how to accept it explicitly (``provision trust-host`` with the fingerprint the
   operator copied from the console or BMC; provisioner.hostkeys holds the keys and the decision).
+* **A bastion is held to the same rule.** With ``ssh.jump`` every node is reached over a ``direct-tcpip``
+  channel of one shared connection to the bastion (:class:`Bastion`), whose own key must be in the same
+  known_hosts (:class:`provisioner.hostkeys.RejectBastion` names it and its fingerprint when it is not). A
+  bastion that cannot be reached is tried once; every node then gets that one reason.
 * **Commands are argv lists**, joined with :func:`shlex.join`. Every spec value that reaches them is already
   pattern-checked by the spec models; quoting them anyway costs nothing.
 * **Nothing hangs.** Every command runs under the remote ``timeout`` (coreutils) and under a local deadline;
@@ -36,7 +40,7 @@ from typing import NamedTuple, Protocol
 import paramiko
 
 from provisioner.errors import RemoteError, UsageError
-from provisioner.hostkeys import RejectWithFingerprint, fingerprint, load_known_hosts
+from provisioner.hostkeys import RejectBastion, RejectWithFingerprint, fingerprint, load_known_hosts
 
 RC_TIMEOUT = 124
 RC_UNREACHABLE = 255
@@ -114,8 +118,30 @@ def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, time
 
 
 @dataclass(frozen=True, slots=True)
+class JumpTarget:
+    """The bastion the nodes are reached through (``ssh.jump``): its host key is checked against the same
+    known_hosts as the nodes', and it authenticates with the same key (or the agent)."""
+
+    host: str
+    user: str
+    port: int
+    key: Path | None
+    known_hosts: Path
+
+    @property
+    def label(self) -> str:
+        return f"bastion {self.user}@{self.host}:{self.port}"
+
+    def as_target(self) -> SshTarget:
+        """The bastion as a target of its own (what the known_hosts lookup and the key policy read)."""
+        return SshTarget(name=self.host, address=self.host, user=self.user, port=self.port, key=self.key,
+                         known_hosts=self.known_hosts)
+
+
+@dataclass(frozen=True, slots=True)
 class SshTarget:
-    """How to reach one node: the spec's address, user, key and port, and the known_hosts file to trust."""
+    """How to reach one node: the spec's address, user, key and port, and the known_hosts file to trust; ``jump``
+    is the bastion the connection goes through (None: straight to the node)."""
 
     name: str
     address: str
@@ -123,6 +149,7 @@ class SshTarget:
     port: int
     key: Path | None
     known_hosts: Path
+    jump: JumpTarget | None = None
 
 
 def targets_from_cluster(cluster: object) -> dict[str, SshTarget]:
@@ -138,14 +165,19 @@ def targets_from_cluster(cluster: object) -> dict[str, SshTarget]:
         q = Path(p).expanduser()
         return q if q.is_absolute() else base / q
 
+    key = _path(ssh.key) if ssh.key else None
+    known_hosts = _path(ssh.known_hosts)
+    jump = (JumpTarget(host=ssh.jump.host, user=ssh.jump.user or ssh.user, port=ssh.jump.port, key=key,
+                       known_hosts=known_hosts) if ssh.jump else None)
     return {
         n.name: SshTarget(
             name=n.name,
             address=n.address,
             user=ssh.user,
             port=ssh.port,
-            key=_path(ssh.key) if ssh.key else None,
-            known_hosts=_path(ssh.known_hosts),
+            key=key,
+            known_hosts=known_hosts,
+            jump=jump,
         )
         for n in cluster.nodes
     }
@@ -225,6 +257,125 @@ def _strip_pid(done: Completed) -> Completed:
     return Completed(done.rc, "".join(lines), done.stderr)
 
 
+# ---------------------------------------------------------------- connecting (straight, or through a bastion)
+
+
+def _connect(factory: Callable[[], paramiko.SSHClient], target: SshTarget, policy: paramiko.MissingHostKeyPolicy,
+             timeout: float, sock: paramiko.Channel | None = None, *,
+             bastion: JumpTarget | None = None) -> paramiko.SSHClient:
+    """A client connected to a node (over ``sock``, a bastion's direct-tcpip channel, when given) with its key
+    checked against known_hosts; every failure is a one-line RemoteError naming the node, or the bastion when
+    ``bastion`` says that is what ``target`` is."""
+    who = bastion.label if bastion else f"{target.name} ({target.address})"
+    client = factory()
+    try:
+        keys = load_known_hosts(target)
+        for hostname, entry in keys.items():
+            for keytype, key in entry.items():
+                client.get_host_keys().add(hostname, keytype, key)
+        client.set_missing_host_key_policy(policy)
+        client.connect(
+            target.address,
+            port=target.port,
+            username=target.user,
+            key_filename=str(target.key) if target.key else None,
+            look_for_keys=False,
+            allow_agent=target.key is None,
+            timeout=timeout,
+            banner_timeout=timeout,
+            auth_timeout=timeout,
+            sock=sock,
+        )
+    except RemoteError:
+        client.close()
+        raise
+    except paramiko.BadHostKeyException as exc:
+        client.close()
+        hint = (f"if the bastion was rebuilt, confirm the new fingerprint on its console, then replace its line in "
+                f"{target.known_hosts}" if bastion else
+                "if the node was reinstalled or swapped, confirm the new fingerprint on its console, then bring it "
+                f"back: provision replace-node <cluster.yaml> {target.name} --host-key-fingerprint "
+                f"{fingerprint(exc.key)}")
+        raise RemoteError(
+            f"{who}: host key CHANGED: offered {exc.key.get_name()} {fingerprint(exc.key)}, {target.known_hosts} "
+            f"has {fingerprint(exc.expected_key)}; refusing to connect", hint=hint) from None
+    except paramiko.AuthenticationException as exc:
+        client.close()
+        raise RemoteError(
+            f"{who}: authentication as {target.user} failed: {exc}",
+            hint=("check ssh.jump.user (ssh.user if unset) and ssh.key in the spec" if bastion
+                  else "check ssh.user and ssh.key in the spec"),
+        ) from None
+    except (OSError, EOFError, paramiko.SSHException) as exc:
+        client.close()
+        if bastion:
+            raise RemoteError(f"{who}: cannot connect: {exc or 'the connection was closed'}",
+                              hint="every node is reached through it (ssh.jump): check that it is up and reachable "
+                              "from here") from None
+        via = f" through {target.jump.label}" if target.jump else ""
+        raise RemoteError(f"{target.name} ({target.address}:{target.port}): cannot connect{via}: "
+                          f"{exc or 'the connection was closed'}") from None
+    return client
+
+
+class Bastion:
+    """The one SSH connection to the jump host (``ssh.jump``) that every node's connection runs inside.
+
+    Its host key is checked like a node's: it must be in the spec's known_hosts and is never accepted
+    (:class:`provisioner.hostkeys.RejectBastion` names it and its fingerprint). Each node is then reached over
+    a ``direct-tcpip`` channel of this connection (RFC 4254 section 7.2, what ``ssh -W`` and ProxyJump open).
+    A bastion that cannot be reached fails once: the same error is given to every node after it, at once,
+    instead of one connect timeout per node.
+    """
+
+    def __init__(self, jump: JumpTarget, *, connect_timeout: float = 10.0,
+                 client_factory: Callable[[], paramiko.SSHClient] = paramiko.SSHClient) -> None:
+        self.jump = jump
+        self.connect_timeout = connect_timeout
+        self._factory = client_factory
+        self._client: paramiko.SSHClient | None = None
+        self._failed: RemoteError | None = None
+        self._lock = threading.Lock()
+
+    def transport(self) -> paramiko.Transport:
+        """The bastion's live transport, connected (and its host key checked) on first use."""
+        with self._lock:
+            if self._failed is not None:
+                raise self._failed
+            transport = self._client.get_transport() if self._client else None
+            if transport is not None and transport.is_active():
+                return transport
+            try:
+                self._client = self._connect()
+            except RemoteError as exc:
+                self._failed = exc
+                raise
+            transport = self._client.get_transport()
+            if transport is None:  # pragma: no cover - paramiko sets it in connect()
+                raise RemoteError(f"{self.jump.label}: SSH transport closed")
+            return transport
+
+    def _connect(self) -> paramiko.SSHClient:
+        target = self.jump.as_target()
+        return _connect(self._factory, target, RejectBastion(target), self.connect_timeout, bastion=self.jump)
+
+    def channel_to(self, target: SshTarget) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel from the bastion to the node's SSH port (the node's own SSH runs in it)."""
+        transport = self.transport()
+        try:
+            return transport.open_channel("direct-tcpip", (target.address, target.port), ("127.0.0.1", 0),
+                                          timeout=self.connect_timeout)
+        except (OSError, EOFError, paramiko.SSHException) as exc:
+            raise RemoteError(f"{target.name} ({target.address}:{target.port}): {self.jump.label} cannot reach it: "
+                              f"{exc or 'the channel was refused'}") from None
+
+    def close(self) -> None:
+        with self._lock:
+            if self._client is not None:
+                self._client.close()
+                self._client = None
+
+
 # ---------------------------------------------------------------- the SSH remote
 
 
@@ -245,6 +396,8 @@ class SshRemote:
         self._factory = client_factory
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._locks: dict[str, threading.Lock] = {h: threading.Lock() for h in self.targets}
+        self._bastions: dict[JumpTarget, Bastion] = {}
+        self._bastion_lock = threading.Lock()
 
     def __enter__(self) -> SshRemote:
         return self
@@ -256,6 +409,9 @@ class SshRemote:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
+        for bastion in self._bastions.values():  # after the nodes: their connections run inside the bastion's
+            bastion.close()
+        self._bastions.clear()
 
     def _target(self, host: str) -> SshTarget:
         try:
@@ -264,55 +420,29 @@ class SshRemote:
             raise RemoteError(f"{host} is not a node of this cluster") from None
 
     def client(self, host: str) -> paramiko.SSHClient:
-        """The pooled connection to ``host``, opened (and host-key checked) on first use."""
+        """The pooled connection to ``host``, opened (and host-key checked) on first use; through the bastion
+        when the target names one (the bastion's connection is shared by every node behind it)."""
         target = self._target(host)
         with self._locks[host]:
             current = self._clients.get(host)
             transport = current.get_transport() if current else None
             if current is not None and transport is not None and transport.is_active():
                 return current
-            client = self._factory()
-            keys = load_known_hosts(target)
-            for hostname, entry in keys.items():
-                for keytype, key in entry.items():
-                    client.get_host_keys().add(hostname, keytype, key)
-            client.set_missing_host_key_policy(RejectWithFingerprint(target))
+            sock = self._bastion(target.jump).channel_to(target) if target.jump else None
             try:
-                client.connect(
-                    target.address,
-                    port=target.port,
-                    username=target.user,
-                    key_filename=str(target.key) if target.key else None,
-                    look_for_keys=False,
-                    allow_agent=target.key is None,
-                    timeout=self.connect_timeout,
-                    banner_timeout=self.connect_timeout,
-                    auth_timeout=self.connect_timeout,
-                )
+                client = _connect(self._factory, target, RejectWithFingerprint(target), self.connect_timeout, sock)
             except RemoteError:
-                client.close()
+                if sock is not None:
+                    sock.close()
                 raise
-            except paramiko.BadHostKeyException as exc:
-                client.close()
-                raise RemoteError(
-                    f"{host} ({target.address}): host key CHANGED: offered {exc.key.get_name()} "
-                    f"{fingerprint(exc.key)}, {target.known_hosts} has {fingerprint(exc.expected_key)}; "
-                    "refusing to connect",
-                    hint="if the node was reinstalled or swapped, confirm the new fingerprint on its console, "
-                    f"then bring it back: provision replace-node <cluster.yaml> {host} --host-key-fingerprint "
-                    f"{fingerprint(exc.key)}",
-                ) from None
-            except paramiko.AuthenticationException as exc:
-                client.close()
-                raise RemoteError(
-                    f"{host} ({target.address}): authentication as {target.user} failed: {exc}",
-                    hint="check ssh.user and ssh.key in the spec",
-                ) from None
-            except (OSError, paramiko.SSHException) as exc:
-                client.close()
-                raise RemoteError(f"{host} ({target.address}:{target.port}): cannot connect: {exc}") from None
             self._clients[host] = client
             return client
+
+    def _bastion(self, jump: JumpTarget) -> Bastion:
+        with self._bastion_lock:
+            if jump not in self._bastions:
+                self._bastions[jump] = Bastion(jump, connect_timeout=self.connect_timeout, client_factory=self._factory)
+            return self._bastions[jump]
 
     def _open(self, host: str, line: str) -> paramiko.Channel:
         transport = self.client(host).get_transport()

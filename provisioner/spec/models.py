@@ -86,6 +86,28 @@ class ClusterMeta(Strict):
         description="The OS every node runs; selects package names and repository paths.")
 
 
+def _dns_or_ipv4(value: str) -> str:
+    """A name made only of digits and dots must be a real IPv4 address (``10.0.0.300`` is neither)."""
+    labels = value.split(".")
+    if all(label.isdigit() for label in labels) and (len(labels) != 4 or any(int(x) > 255 for x in labels)):
+        raise ValueError(f"{value!r} is not an IPv4 address")
+    return value
+
+
+JumpHostName = Annotated[
+    str, StringConstraints(pattern=r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}"
+                           r"[A-Za-z0-9])?)*$", max_length=253), AfterValidator(_dns_or_ipv4)]
+"""A DNS name or IPv4 address: letters, digits, '-' and '.', never a leading '-' (it could not pass for an
+option on ssh's command line), no '%', quote, space or '@'."""
+
+
+class SshJump(Strict):
+    host: JumpHostName = Field(description="The bastion's DNS name or IPv4 address. Its host key must be in "
+                               "ssh.known_hosts, like the nodes' (under [host]:port when the port is not 22).")
+    user: UnixUser | None = Field(None, description="Login user on the bastion; ssh.user if unset.")
+    port: int = Field(22, ge=1, le=65535, description="SSH port of the bastion.")
+
+
 class Ssh(Strict):
     user: UnixUser = Field("root", description="Login user on the nodes (root or a sudoer).")
     key: LocalPath | None = Field(None, description="Private key file on the control node; the agent if unset.")
@@ -93,6 +115,17 @@ class Ssh(Strict):
         "known_hosts", description="known_hosts file the run trusts (relative to the spec). Host keys are never "
         "accepted automatically.")
     port: int = Field(22, ge=1, le=65535, description="SSH port on every node.")
+    jump: SshJump | None = Field(
+        None, description="Bastion (jump host) the nodes are reached through, e.g. {host: bastion.example.com, "
+        "user: ops}. It authenticates with ssh.key (or the agent) and its host key is checked against "
+        "ssh.known_hosts, never accepted automatically; verification and the converge both go through it.")
+
+    @field_validator("jump", mode="before")
+    @classmethod
+    def _jump_is_a_mapping(cls, v: object) -> object:
+        if isinstance(v, str):
+            raise ValueError("write the bastion as a mapping, e.g. {host: bastion.example.com, user: ops, port: 22}")
+        return v
 
 
 # --- hardware profiles -----------------------------------------------------------------------------------------
