@@ -11,9 +11,10 @@ import functools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 from provisioner.render import ipoib as ipoib_render
+from provisioner.render.ssh import Hop, ssh_common_args
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.ipoib import nfs_server_address
 from provisioner.spec.rules import members, nccl_pkey
@@ -35,6 +36,10 @@ def _group_name(raw: str) -> str:
     return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in raw)
 
 
+@overload
+def _spec_relative(cluster: Cluster, p: str) -> str: ...
+@overload
+def _spec_relative(cluster: Cluster, p: str | None) -> str | None: ...
 def _spec_relative(cluster: Cluster, p: str | None) -> str | None:
     """Resolve a control-node path given in the spec relative to the spec file."""
     if p is None:
@@ -255,8 +260,9 @@ def build_inventory(cluster: Cluster) -> Inventory:
 
     key_file = _spec_relative(cluster, spec.ssh.key)
     known_hosts = _spec_relative(cluster, spec.ssh.known_hosts)
-    ssh_args = f"-o StrictHostKeyChecking=yes -o UserKnownHostsFile={known_hosts} -o ControlMaster=auto " \
-               "-o ControlPersist=60s"
+    jump = spec.ssh.jump
+    ssh_args = ssh_common_args(known_hosts=known_hosts, key=key_file,
+                               jump=Hop(jump.host, jump.user or spec.ssh.user, jump.port) if jump else None)
     repos = spec.repositories
     # Only what the spec asks for: no engines and no AR leaves the build's default (NVIDIA's opensm: ar_updn).
     engines = (sm.routing_engines if sm and sm.routing_engines else

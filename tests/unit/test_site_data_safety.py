@@ -247,3 +247,26 @@ def test_parent_dir_in_site_vars_and_overlays(tmp_path: Path) -> None:
     ov = overlay_file(tmp_path, "site_vars:\n  preflight_gpu_evidence: /var/../../etc\n")
     [d] = load_spec(LAB, ov).errors
     assert (d.file, d.line) == (str(ov), 2) and "'..'" in d.message, d.format()
+
+
+# --- ssh.jump (#17): the bastion's host, user and port reach ssh's command line through a ProxyCommand ------------
+@pytest.mark.parametrize(("jump", "field"), [
+    ("{host: 'bastion;touch /tmp/x', user: ops}", "ssh.jump.host"),
+    ("{host: '$(id).example.com'}", "ssh.jump.host"),
+    ("{host: '-oProxyCommand=sh'}", "ssh.jump.host"),
+    ("{host: 'bastion %h'}", "ssh.jump.host"),
+    ("{host: \"{{ lookup('pipe', 'id') }}\"}", "ssh.jump.host"),
+    ("{host: 10.0.0.300}", "ssh.jump.host"),
+    ("{host: bastion, user: 'ops`id`'}", "ssh.jump.user"),
+    ("{host: bastion, port: 70000}", "ssh.jump.port"),
+    ("{host: bastion, options: '-oStrictHostKeyChecking=no'}", "unknown key 'options'"),
+    ("ops@bastion:22", "ssh.jump"),
+], ids=["semicolon", "subshell", "option", "token", "jinja", "bad-octet", "backtick", "port", "extra-key", "string"])
+def test_jump_host_values_are_validated(jump: str, field: str) -> None:
+    old = "ssh: {user: root, key: ~/.ssh/id_ed25519, known_hosts: known_hosts}"
+    text = H100.read_text()
+    assert old in text
+    res = load_text(text.replace(old, f"ssh: {{user: root, jump: {jump}}}"), "c.yaml")
+    assert res.cluster is None
+    [d] = res.errors
+    assert d.line == 4 and field in d.format(), d.format()
