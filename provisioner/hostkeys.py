@@ -106,6 +106,11 @@ def load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
 
 def fetch_host_key(target: SshTarget, timeout: float = 10.0) -> paramiko.PKey:
     """The host key ``target`` offers now (an SSH handshake, no authentication, nothing trusted or written)."""
+    if target.jump is not None:  # its address is only meaningful behind the bastion: never ask whoever answers here
+        raise RemoteError(
+            f"{target.name}: reading its host key through the bastion (ssh.jump) is not supported",
+            hint="read the key on the node's console or BMC (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub) and "
+            f"add its line to {target.known_hosts} yourself; verify and the converge then check it through the bastion")
     try:
         sock = socket.create_connection((target.address, target.port), timeout=timeout)
     except OSError as exc:

@@ -143,3 +143,14 @@ def test_targets_from_a_spec_with_a_jump_host(tmp_path: Path) -> None:
     jumps = {t.jump for t in targets.values()}
     assert jumps == {JumpTarget(host="bastion.example.com", user="root", port=22, key=None,
                                 known_hosts=tmp_path / "kh")}  # user defaults to ssh.user; one bastion for all
+
+
+def test_trust_host_does_not_dial_a_node_address_that_is_only_valid_behind_the_bastion(site: Site) -> None:
+    """trust-host and replace-node read keys with a direct handshake; behind a bastion they refuse instead of
+    asking whatever answers at that address from the control node."""
+    from provisioner.hostkeys import fetch_host_key
+
+    [target] = _targets(site).values()
+    with pytest.raises(RemoteError, match=r"through the bastion \(ssh.jump\) is not supported"):
+        fetch_host_key(target)
+    assert site.node.log.connections == 0 and site.bastion.log.connections == 0
