@@ -1,10 +1,12 @@
 """SSH host keys: the one place that fingerprints, reads, records and decides on them.
 
 `provision` never accepts a key it is merely offered. The connection policy (:class:`RejectWithFingerprint`,
-used by provisioner.remote), first trust (`provision trust-host`, provisioner.trust) and a replaced node
-(`provision replace-node`, provisioner.replace) all read known_hosts here, and one decision table (:func:`decide`)
-says when an offered key may be written: only when it is already trusted, or when the operator gave its fingerprint
-(or, replacing a node, said --accept-new-host-key). With provisioner.remote, the only module that imports paramiko.
+used by provisioner.remote), first trust (`provision trust-host`, provisioner.trust, and `provision discover
+--fingerprints`) and a replaced node (`provision replace-node`, provisioner.replace) all read known_hosts here, and
+one decision table (:func:`decide`) says when an offered key may be written: only when it is already trusted, or
+when the operator gave its fingerprint (or, replacing a node, said --accept-new-host-key). Behind a bastion
+(``ssh.jump``) the offered key is read through it (:func:`fetch_host_key`). With provisioner.remote, the only
+module that imports paramiko.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import paramiko
 from provisioner.errors import RemoteError, UsageError
 
 if TYPE_CHECKING:
-    from provisioner.remote import SshTarget
+    from provisioner.remote import Bastion, JumpTarget, SshTarget
 
 
 FINGERPRINT = re.compile(r"^SHA256:[A-Za-z0-9+/]{43}$")
@@ -104,17 +106,8 @@ def load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
     return keys
 
 
-def fetch_host_key(target: SshTarget, timeout: float = 10.0) -> paramiko.PKey:
-    """The host key ``target`` offers now (an SSH handshake, no authentication, nothing trusted or written)."""
-    if target.jump is not None:  # its address is only meaningful behind the bastion: never ask whoever answers here
-        raise RemoteError(
-            f"{target.name}: reading its host key through the bastion (ssh.jump) is not supported",
-            hint="read the key on the node's console or BMC (ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub) and "
-            f"add its line to {target.known_hosts} yourself; verify and the converge then check it through the bastion")
-    try:
-        sock = socket.create_connection((target.address, target.port), timeout=timeout)
-    except OSError as exc:
-        raise RemoteError(f"{target.name} ({target.address}:{target.port}): {exc}") from exc
+def _handshake(target: SshTarget, sock: socket.socket | paramiko.Channel, timeout: float) -> paramiko.PKey:
+    """The key offered in an SSH key exchange over ``sock`` (no authentication; the transport is closed after)."""
     transport = paramiko.Transport(sock)
     try:
         transport.start_client(timeout=timeout)
@@ -123,6 +116,61 @@ def fetch_host_key(target: SshTarget, timeout: float = 10.0) -> paramiko.PKey:
         raise RemoteError(f"{target.name}: SSH handshake failed: {exc or 'the server closed the connection'}") from exc
     finally:
         transport.close()
+
+
+def fetch_host_key(target: SshTarget, timeout: float = 10.0, *, bastion: Bastion | None = None) -> paramiko.PKey:
+    """The host key ``target`` offers now (an SSH handshake, no authentication, nothing trusted or written).
+
+    With ``ssh.jump`` the handshake runs inside a ``direct-tcpip`` channel of the bastion's connection (``bastion``,
+    or a connection opened for this one read), never by dialling the node's address from here: that address is only
+    meaningful behind the bastion. The bastion's own key must already be in known_hosts
+    (:class:`RejectBastion`); an unknown or changed bastion key fails before any node is contacted."""
+    if target.jump is not None:
+        from provisioner.remote import Bastion  # provisioner.remote imports this module
+
+        own = bastion is None
+        hop = Bastion(target.jump, connect_timeout=timeout) if bastion is None else bastion
+        try:
+            channel = hop.channel_to(target)
+            return _handshake(target, channel, timeout)
+        finally:
+            if own:
+                hop.close()
+    try:
+        sock = socket.create_connection((target.address, target.port), timeout=timeout)
+    except OSError as exc:
+        raise RemoteError(f"{target.name} ({target.address}:{target.port}): {exc}") from exc
+    return _handshake(target, sock, timeout)
+
+
+class KeyReader:
+    """Reads the keys several nodes offer (:func:`fetch_host_key`), sharing one bastion connection between all
+    the nodes behind it, as verification does; a bastion that cannot be reached or is not trusted fails once and
+    every node behind it gets that one reason. Use it as a context manager (it closes the bastions)."""
+
+    def __init__(self, timeout: float = 10.0) -> None:
+        self.timeout = timeout
+        self._bastions: dict[JumpTarget, Bastion] = {}
+
+    def __call__(self, target: SshTarget) -> paramiko.PKey:
+        if target.jump is None:
+            return fetch_host_key(target, self.timeout)
+        if target.jump not in self._bastions:
+            from provisioner.remote import Bastion
+
+            self._bastions[target.jump] = Bastion(target.jump, connect_timeout=self.timeout)
+        return fetch_host_key(target, self.timeout, bastion=self._bastions[target.jump])
+
+    def close(self) -> None:
+        for bastion in self._bastions.values():
+            bastion.close()
+        self._bastions.clear()
+
+    def __enter__(self) -> KeyReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def known_hosts_line(target: SshTarget, key: paramiko.PKey) -> str:

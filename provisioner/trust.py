@@ -17,10 +17,10 @@ from typing import TYPE_CHECKING
 
 from provisioner.errors import RemoteError, UsageError
 from provisioner.hostkeys import (
+    KeyReader,
     append_host_key,
     check_fingerprint,
     decide,
-    fetch_host_key,
     fingerprint,
     recorded_host_keys,
 )
@@ -66,11 +66,24 @@ _STATUS = {"known": "known", "add": "trusted", "refused": "refused"}
 
 
 def trust_hosts(targets: Mapping[str, SshTarget], nodes: Sequence[str], expected: Mapping[str, str],
-                fetch: Callable[[SshTarget], paramiko.PKey] = fetch_host_key) -> list[TrustResult]:
-    """Fetch each node's offered key and record it where the operator's fingerprint matches; never otherwise."""
+                fetch: Callable[[SshTarget], paramiko.PKey] | None = None, *,
+                among: str = "the spec") -> list[TrustResult]:
+    """Fetch each node's offered key and record it where the operator's fingerprint matches; never otherwise.
+
+    ``fetch`` reads a node's offered key; by default a :class:`provisioner.hostkeys.KeyReader`, which goes
+    through the bastion when the targets have ``ssh.jump`` (one connection for all of them). ``among`` names
+    where ``targets`` came from, for the error about fingerprints given for other nodes."""
     unknown = sorted(set(expected) - set(targets))
     if unknown:
-        raise UsageError(f"fingerprints given for nodes not in the spec: {', '.join(unknown)}")
+        raise UsageError(f"fingerprints given for nodes not in {among}: {', '.join(unknown)}")
+    if fetch is None:
+        with KeyReader() as reader:
+            return _trust(targets, nodes, expected, reader)
+    return _trust(targets, nodes, expected, fetch)
+
+
+def _trust(targets: Mapping[str, SshTarget], nodes: Sequence[str], expected: Mapping[str, str],
+           fetch: Callable[[SshTarget], paramiko.PKey]) -> list[TrustResult]:
     results: list[TrustResult] = []
     for node in nodes:
         target = targets[node]

@@ -145,12 +145,67 @@ def test_targets_from_a_spec_with_a_jump_host(tmp_path: Path) -> None:
                                 known_hosts=tmp_path / "kh")}  # user defaults to ssh.user; one bastion for all
 
 
-def test_trust_host_does_not_dial_a_node_address_that_is_only_valid_behind_the_bastion(site: Site) -> None:
-    """trust-host and replace-node read keys with a direct handshake; behind a bastion they refuse instead of
-    asking whatever answers at that address from the control node."""
-    from provisioner.hostkeys import fetch_host_key
+def test_a_node_key_is_read_through_the_bastion_never_by_dialling_the_node(site: Site) -> None:
+    """trust-host and replace-node read the key a node offers inside a direct-tcpip channel of the bastion's
+    connection: the node's address is only meaningful behind the bastion."""
+    from provisioner.hostkeys import KeyReader, fetch_host_key
 
     [target] = _targets(site).values()
-    with pytest.raises(RemoteError, match=r"through the bastion \(ssh.jump\) is not supported"):
-        fetch_host_key(target)
-    assert site.node.log.connections == 0 and site.bastion.log.connections == 0
+    assert fingerprint(fetch_host_key(target)) == fingerprint(site.node.host_key)
+    assert site.bastion.log.forwards == [("127.0.0.1", site.node.port)] and site.bastion.log.connections == 1
+    two = _targets(site, ("gpu01", "gpu02"))
+    with KeyReader() as reader:
+        offered = {n: fingerprint(reader(t)) for n, t in two.items()}
+    assert offered == {"gpu01": fingerprint(site.node.host_key), "gpu02": fingerprint(site.node.host_key)}
+    assert site.bastion.log.connections == 2  # one more bastion connection, shared by both reads
+    assert len(site.bastion.log.forwards) == 3 and site.node.log.connections == 3
+    assert site.node.log.commands == []  # a key exchange only: nothing authenticated, nothing run
+
+
+def _node_unknown(site: Site, tmp_path: Path) -> Path:
+    """known_hosts that trusts the bastion only (a new node behind it)."""
+    kh = tmp_path / "known_hosts.bastion"
+    kh.write_text(f"[127.0.0.1]:{site.bastion.port} {site.bastion.host_key.get_name()} "
+                  f"{site.bastion.host_key.get_base64()}\n")
+    return kh
+
+
+def test_trust_host_through_the_bastion_records_a_matching_key(site: Site, tmp_path: Path) -> None:
+    from provisioner.hostkeys import recorded_host_keys
+    from provisioner.trust import trust_hosts
+
+    targets = _targets(site, known=_node_unknown(site, tmp_path))
+    offered = fingerprint(site.node.host_key)
+    [r] = trust_hosts(targets, ["node1"], {"node1": offered})
+    assert (r.status, r.offered) == ("trusted", offered)
+    assert [fingerprint(k) for k in recorded_host_keys(targets["node1"])] == [offered]
+    assert site.bastion.log.forwards == [("127.0.0.1", site.node.port)]
+    with SshRemote(targets) as remote:  # and verification through the bastion now accepts the node
+        assert remote.run("node1", ["echo", "ok"], timeout=10).stdout == "ok\n"
+
+
+def test_trust_host_through_the_bastion_refuses_a_mismatch_naming_both(site: Site, tmp_path: Path) -> None:
+    from provisioner.trust import trust_hosts
+
+    kh = _node_unknown(site, tmp_path)
+    before = kh.read_text()
+    other = fingerprint(paramiko.Ed25519Key.from_private_key_file(keyfile(tmp_path)))
+    [r] = trust_hosts(_targets(site, known=kh), ["node1"], {"node1": other})
+    assert r.status == "refused"
+    assert f"node1 offers host key {fingerprint(site.node.host_key)}, not the {other} you gave" in r.detail
+    assert kh.read_text() == before
+
+
+def test_trust_host_through_an_unknown_bastion_contacts_no_node(site: Site, tmp_path: Path) -> None:
+    from provisioner.trust import trust_hosts
+
+    kh = tmp_path / "known_hosts.empty"
+    kh.write_text("")
+    targets = _targets(site, ("gpu01", "gpu02"), known=kh)
+    results = trust_hosts(targets, ["gpu01", "gpu02"], {n: fingerprint(site.node.host_key) for n in targets})
+    assert [r.status for r in results] == ["unreachable", "unreachable"]
+    assert len({r.detail for r in results}) == 1  # the bastion is tried once; both nodes get its reason
+    assert results[0].detail.startswith(f"bastion ops@127.0.0.1:{site.bastion.port}: host key ")
+    assert fingerprint(site.bastion.host_key) in results[0].detail
+    assert site.bastion.log.connections == 1 and site.bastion.log.forwards == [] and site.node.log.connections == 0
+    assert kh.read_text() == ""
