@@ -582,6 +582,25 @@ def datetime_now() -> str:
     return datetime.now(UTC).strftime("%H:%M:%S")
 
 
+def _expected_fingerprints(chosen: list[str], fingerprint: str | None, fingerprints: Path | None) -> dict[str, str]:
+    """``{node: SHA256:...}`` from --fingerprints FILE and --fingerprint (one node): trust-host's and discover's."""
+    from provisioner.errors import UsageError
+    from provisioner.trust import check_fingerprint, parse_fingerprints
+
+    expected: dict[str, str] = {}
+    if fingerprints is not None:
+        try:
+            text = fingerprints.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"{fingerprints}: cannot read ({exc.strerror})") from None
+        expected.update(parse_fingerprints(text, str(fingerprints)))
+    if fingerprint is not None:
+        if len(chosen) != 1:
+            raise UsageError("--fingerprint names one node's key; for several nodes use --fingerprints FILE")
+        expected[chosen[0]] = check_fingerprint(fingerprint, "--fingerprint")
+    return expected
+
+
 @app.command("trust-host")
 def trust_host_cmd(
     spec: SpecArg,
@@ -600,26 +619,15 @@ def trust_host_cmd(
 
     Exit 0 every node trusted (now or before), 2 anything refused or unreachable.
     """
-    from provisioner.errors import UsageError
     from provisioner.phases import expand_limit
     from provisioner.remote import targets_from_cluster
     from provisioner.render.model import build_inventory
     from provisioner.state import record_host_key
-    from provisioner.trust import check_fingerprint, parse_fingerprints, trust_hosts
+    from provisioner.trust import trust_hosts
 
     cluster, _ = load_cluster(spec, overlay)
     chosen = expand_limit(nodes, [n.name for n in cluster.nodes], build_inventory(cluster).groups, what="NODES")
-    expected: dict[str, str] = {}
-    if fingerprints is not None:
-        try:
-            text = fingerprints.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"{fingerprints}: cannot read ({exc.strerror})") from None
-        expected.update(parse_fingerprints(text, str(fingerprints)))
-    if fingerprint is not None:
-        if len(chosen) != 1:
-            raise UsageError("--fingerprint names one node's key; for several nodes use --fingerprints FILE")
-        expected[chosen[0]] = check_fingerprint(fingerprint, "--fingerprint")
+    expected = _expected_fingerprints(chosen, fingerprint, fingerprints)
     results = trust_hosts(targets_from_cluster(cluster), chosen, expected)
     state = state_dir_for(cluster.name, out_dir)
     for r in results:
@@ -634,33 +642,53 @@ def discover_cmd(
     hosts: Annotated[str, typer.Argument(help="The nodes to read, hostlist syntax: gpu[001-128],sm[1-2].",
                                          show_default=False)],
     address: Annotated[str | None, typer.Option("--address", help="Their SSH addresses, a hostlist in step with "
-                                                "the hosts (default: the host itself or what it resolves to).")]
+                                                "the hosts (default: the host itself or what it resolves to here; "
+                                                "with --jump the bastion resolves it).")]
     = None,
     user: Annotated[str, typer.Option("--user", help="SSH login user (root or a sudoer).")] = "root",
     known_hosts: Annotated[Path, typer.Option("--known-hosts", help="known_hosts with the nodes' verified keys; "
-                                              "a node whose key is not there is not read.")] = Path("known_hosts"),
+                                              "a node whose key is not there is not read (--fingerprints can "
+                                              "add it).")] = Path("known_hosts"),
     key: Annotated[Path | None, typer.Option("--key", help="Private key file; the SSH agent if unset.")] = None,
     port: Annotated[int, typer.Option("--port", min=1, max=65535, help="SSH port.")] = 22,
     name: Annotated[str, typer.Option("--name", help="Cluster name for the draft.")] = "cluster",
     out_file: Annotated[Path | None, typer.Option("--out", help="Write the draft spec here; standard output when "
                                                   "unset.", dir_okay=False)] = None,
+    fingerprint: Annotated[str | None, typer.Option("--fingerprint", help="The SHA256 fingerprint read on the "
+                                                    "node's console (one host only): its key is recorded in "
+                                                    "--known-hosts if the node offers it.")] = None,
+    fingerprints: Annotated[Path | None, typer.Option("--fingerprints", help="File of '<node> SHA256:...' lines "
+                                                      "(as trust-host reads): each host's key is recorded in "
+                                                      "--known-hosts only if it matches; any refusal stops the "
+                                                      "run before a node is probed.")] = None,
+    jump: Annotated[str | None, typer.Option("--jump", help="Bastion the nodes are reached through: "
+                                             "user@host[:port] or {host: ..., user: ..., port: ...} (as ssh.jump); "
+                                             "its key must be in --known-hosts. Written to the draft.")] = None,
 ) -> None:
     """Draft a spec from a running cluster: profiles from nvidia-smi and ibstat, nodes folded into hostlists, the
     switches and the cabling from ibnetdiscover, installed versions as comments. What cannot be discovered is
     marked TODO. The draft is validated.
 
-    Exit 0 the draft validates, 1 it has errors (written all the same), 2 could not run.
+    Exit 0 the draft validates, 1 it has errors (written all the same), 2 could not run (a host key refused
+    included).
     """
     import re as _re
 
-    from provisioner.discover import discover, targets
+    from provisioner.discover import discover, jump_option, targets, trust_first
     from provisioner.errors import UsageError
-    from provisioner.remote import SshRemote
+    from provisioner.remote import JumpTarget, SshRemote
 
     if not _re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):
         raise UsageError(f"--name {name!r}: lowercase letters, digits and '-', at most 32")
-    chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts)
-    ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port}
+    bastion = jump_option(jump) if jump is not None else None
+    hop = (JumpTarget(host=bastion.host, user=bastion.user or user, port=bastion.port, key=key,
+                      known_hosts=known_hosts) if bastion else None)
+    chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts, jump=hop)
+    expected = _expected_fingerprints(list(chosen), fingerprint, fingerprints)
+    ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port,
+           "jump": bastion.model_dump() if bastion else None}
+    if fingerprint is not None or fingerprints is not None:
+        trust_first(chosen, expected, progress=lambda m: err.print(f"[discover] {m}", markup=False))
     with SshRemote(chosen) as remote:
         draft = discover(remote, chosen, cluster_name=name, ssh=ssh,
                          progress=lambda m: err.print(f"[discover] {m}", markup=False))

@@ -11,6 +11,12 @@ The draft is plain spec YAML: nodes of one hardware kind share a profile and are
 folded into ranges, and everything a running cluster cannot tell (repositories, roles beyond the SM, partitions,
 storage, what to pin) is written as a TODO comment, with the versions found on the nodes as comments beside the
 software pins. The draft is validated before it is written.
+
+A new cluster has no verified known_hosts yet and no spec for ``provision trust-host`` to read, so discover takes the
+consoles' fingerprints itself (``--fingerprints``, trust-host's file format and parser): each node's offered key is
+recorded only where it matches (provisioner.hostkeys' one decision table), and any refusal stops the run before a
+node is probed. Behind a bastion (``--jump``, validated as the spec's ``ssh.jump``) the key reads and the probe go
+through it, and the draft carries the same ``ssh.jump``.
 """
 
 from __future__ import annotations
@@ -22,15 +28,23 @@ from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from provisioner.errors import ParseError, UsageError
+from provisioner.errors import ParseError, RemoteError, UsageError
 from provisioner.parsers import parse
 from provisioner.parsers.nvidia_query import QUERY, parse_nvidia_smi_query
-from provisioner.remote import Completed, Remote, SshTarget
+from provisioner.remote import Completed, JumpTarget, Remote, SshTarget
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.compat import DOCA_OFED
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import paramiko
+
+    from provisioner.spec.models import SshJump
+    from provisioner.trust import TrustResult
 
 _MARK = "@@provision-discover@@"
 _SECTIONS = (
@@ -475,7 +489,7 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
         f"# kernel: {kernel_note}",
         f"ssh: {{user: {ssh['user']}, known_hosts: {ssh['known_hosts']}"
         + (f", key: {ssh['key']}" if ssh.get("key") else "") + (f", port: {ssh['port']}" if ssh['port'] != 22 else "")
-        + "}",
+        + _jump_yaml(ssh.get("jump")) + "}",
         "",
         "software:",
     ]
@@ -527,6 +541,15 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
         todo.append("fabric.roce: PFC/ECN settings are a placeholder")
     out += ["", "# TODO partitions, storage (NFS, Lustre) and verify thresholds are not discovered."]
     return Draft("\n".join(out) + "\n", todo, len(live), len(fabric.switches), len(fabric.cables), skipped)
+
+
+def _jump_yaml(jump: Mapping[str, Any] | None) -> str:
+    """``, jump: {host: ..., user: ..., port: ...}`` for the draft's ssh line (user and port only when given)."""
+    if not jump:
+        return ""
+    parts = [f"host: {jump['host']}"] + ([f"user: {jump['user']}"] if jump.get("user") else [])
+    parts += [f"port: {jump['port']}"] if jump.get("port", 22) != 22 else []
+    return f", jump: {{{', '.join(parts)}}}"
 
 
 def _pin(fmt: str, value: str | None, placeholder: str, note: str, todo: list[str], what: str) -> list[str]:
@@ -629,9 +652,10 @@ def _switch_lines(fabric: FabricFacts, nodes: set[str], todo: list[str]) -> tupl
 
 # --- running it -----------------------------------------------------------------------------------------------
 def targets(hosts: str, addresses: str | None, *, user: str, port: int, key: Path | None,
-            known_hosts: Path) -> dict[str, SshTarget]:
+            known_hosts: Path, jump: JumpTarget | None = None) -> dict[str, SshTarget]:
     """One SSH target per host of the hostlist; addresses from ``addresses`` (in step), the host itself when it is
-    an IP address, else what the control node's resolver says."""
+    an IP address or the nodes sit behind ``jump`` (the bastion resolves it, as ``ssh -J`` does: the control
+    node's resolver may not know the nodes' names), else what the control node's resolver says."""
     try:
         names = hostlist.expand(hosts, ordered=addresses is not None)
         addrs = hostlist.expand(addresses, ordered=True) if addresses else None
@@ -647,13 +671,73 @@ def targets(hosts: str, addresses: str | None, *, user: str, port: int, key: Pat
             try:
                 addr = str(ipaddress.ip_address(host))
             except ValueError:
+                if jump is not None:
+                    out[host] = SshTarget(name=host, address=host, user=user, port=port, key=key,
+                                          known_hosts=known_hosts, jump=jump)
+                    continue
                 try:
                     addr = socket.gethostbyname(host)
                 except OSError as exc:
                     raise UsageError(f"{host}: cannot resolve its address ({exc})",
                                      hint="give --address with one address per host") from None
-        out[host] = SshTarget(name=host, address=addr, user=user, port=port, key=key, known_hosts=known_hosts)
+        out[host] = SshTarget(name=host, address=addr, user=user, port=port, key=key, known_hosts=known_hosts,
+                              jump=jump)
     return out
+
+
+def jump_option(text: str) -> SshJump:
+    """``--jump``: ``[user@]host[:port]`` or the spec's mapping form (``{host: b, user: ops, port: 22}``), validated
+    by the spec's own ``ssh.jump`` model, so discover reaches exactly the bastions a spec may name."""
+    import yaml
+    from pydantic import ValidationError
+
+    from provisioner.spec.models import SshJump
+
+    value = text.strip()
+    fields: object
+    if value.startswith("{"):
+        try:
+            fields = yaml.safe_load(value)
+        except yaml.YAMLError as exc:
+            raise UsageError(f"--jump {text!r}: not a YAML mapping ({_short(str(exc))})") from None
+        if not isinstance(fields, dict):
+            raise UsageError(f"--jump {text!r}: not a mapping")
+    else:
+        user, at, rest = value.rpartition("@")
+        host, colon, port = rest.rpartition(":") if ":" in rest else (rest, "", "")
+        fields = {"host": host} | ({"user": user} if at else {}) | ({"port": port} if colon else {})
+    try:
+        return SshJump.model_validate(fields)
+    except ValidationError as exc:
+        why = "; ".join(f"{'.'.join(str(x) for x in e['loc']) or 'jump'}: {e['msg']}" for e in exc.errors())
+        raise UsageError(f"--jump {text!r}: {why}",
+                         hint="write user@host[:port] or {host: bastion.example.com, user: ops, port: 22}") from None
+
+
+def trust_first(hosts: Mapping[str, SshTarget], expected: Mapping[str, str], *,
+                fetch: Callable[[SshTarget], paramiko.PKey] | None = None, progress: Any = None) -> list[TrustResult]:
+    """``--fingerprints``: record each host's offered key in known_hosts where it matches the console's fingerprint
+    (trust-host's rules: provisioner.trust and hostkeys' decision table); a host with no fingerprint given is never
+    trusted on its offer. Any refusal raises RemoteError after every host was read (the matching keys stay
+    recorded: each was verified); nothing has been probed then. A bastion is connected first: when its own key is
+    unknown or changed, no node is contacted. An unreachable host is left to the probe, which reports it."""
+    from provisioner.hostkeys import KeyReader
+    from provisioner.trust import trust_hosts
+
+    say = progress or (lambda _m: None)
+    with KeyReader() as reader:
+        if fetch is None:
+            for jump in sorted({t.jump for t in hosts.values() if t.jump}, key=lambda j: j.label):
+                reader.bastion(jump).transport()  # RemoteError: an untrusted or unreachable bastion, nothing asked
+        results = trust_hosts(hosts, list(hosts), expected, fetch or reader, among="the hosts to discover")
+    for r in results:
+        say(f"host key of {r.node}: {r.status}: {r.offered or '-'}: {r.detail}")
+    refused = [r.node for r in results if r.status == "refused"]
+    if refused:
+        raise RemoteError(f"host key refused for {', '.join(refused)}; no node was probed",
+                          hint="compare the fingerprints with the nodes' consoles, correct them and run again "
+                          "(keys that matched are recorded)")
+    return results
 
 
 def discover(remote: Remote, hosts: Mapping[str, SshTarget], *, cluster_name: str, ssh: Mapping[str, Any],

@@ -155,11 +155,15 @@ class KeyReader:
     def __call__(self, target: SshTarget) -> paramiko.PKey:
         if target.jump is None:
             return fetch_host_key(target, self.timeout)
-        if target.jump not in self._bastions:
+        return fetch_host_key(target, self.timeout, bastion=self.bastion(target.jump))
+
+    def bastion(self, jump: JumpTarget) -> Bastion:
+        """The shared connection to ``jump`` (opened, and its key checked, on first use: ``.transport()``)."""
+        if jump not in self._bastions:
             from provisioner.remote import Bastion
 
-            self._bastions[target.jump] = Bastion(target.jump, connect_timeout=self.timeout)
-        return fetch_host_key(target, self.timeout, bastion=self._bastions[target.jump])
+            self._bastions[jump] = Bastion(jump, connect_timeout=self.timeout)
+        return self._bastions[jump]
 
     def close(self) -> None:
         for bastion in self._bastions.values():
