@@ -209,3 +209,44 @@ def test_trust_host_through_an_unknown_bastion_contacts_no_node(site: Site, tmp_
     assert fingerprint(site.bastion.host_key) in results[0].detail
     assert site.bastion.log.connections == 1 and site.bastion.log.forwards == [] and site.node.log.connections == 0
     assert kh.read_text() == ""
+
+
+def test_trust_host_cli_with_a_spec_behind_the_bastion(site: Site, tmp_path: Path,
+                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    from provisioner.cli import main
+
+    from .test_replace import SPEC
+
+    spec = tmp_path / "cluster.yaml"
+    spec.write_text(SPEC.replace('"127.0.0.[11-14]"', '"127.0.0.[1-4]"').replace(
+        "ssh: {user: root, known_hosts: known_hosts}",
+        f"ssh: {{user: root, known_hosts: kh, key: {site.client_file}, port: {site.node.port}, "
+        f"jump: {{host: 127.0.0.1, user: ops, port: {site.bastion.port}}}}}"))
+    kh = _node_unknown(site, tmp_path)
+    kh.rename(tmp_path / "kh")
+    offered = fingerprint(site.node.host_key)
+    wrong = fingerprint(paramiko.Ed25519Key.from_private_key_file(keyfile(tmp_path)))
+    state = str(tmp_path / "state")
+    assert main(["trust-host", str(spec), "gpu01", "--fingerprint", wrong, "--out", state]) == 2
+    assert f"gpu01 offers host key {offered}, not the {wrong} you gave" in capsys.readouterr().out
+    assert main(["trust-host", str(spec), "gpu01", "--fingerprint", offered, "--out", state]) == 0
+    assert f"gpu01: trusted: {offered}" in capsys.readouterr().out
+    assert (tmp_path / "kh").read_text().splitlines()[-1] == (
+        f"gpu01,[127.0.0.1]:{site.node.port} ssh-ed25519 {site.node.host_key.get_base64()}")
+    assert site.bastion.log.forwards == [("127.0.0.1", site.node.port)] * 2 and site.node.log.commands == []
+
+
+def test_replace_node_reads_the_new_key_through_the_bastion(site: Site, tmp_path: Path) -> None:
+    from provisioner.hostkeys import recorded_host_keys
+    from provisioner.replace import trust_new_key
+
+    kh = _node_unknown(site, tmp_path)
+    old = paramiko.Ed25519Key.from_private_key_file(keyfile(tmp_path))
+    with kh.open("a") as f:  # the node's key before it was swapped
+        f.write(f"node1,[127.0.0.1]:{site.node.port} {old.get_name()} {old.get_base64()}\n")
+    [target] = _targets(site, known=kh).values()
+    new = fingerprint(site.node.host_key)
+    verdict = trust_new_key(target, tmp_path / "state", accept_new=False, expected=new, progress=lambda _m: None)
+    assert verdict.action == "replace" and verdict.known == (fingerprint(old),)
+    assert [fingerprint(k) for k in recorded_host_keys(target)] == [new]
+    assert site.bastion.log.forwards == [("127.0.0.1", site.node.port)]
