@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,33 +14,7 @@ import pytest
 from provisioner.errors import RemoteError, UsageError
 from provisioner.hostkeys import fingerprint
 from provisioner.remote import SshRemote, SshTarget, command_line
-
-
-class _Server(paramiko.ServerInterface):
-    def __init__(self, client_key: paramiko.PKey) -> None:
-        self.client_key = client_key
-
-    def get_allowed_auths(self, username: str) -> str:
-        return "publickey"
-
-    def check_auth_publickey(self, username: str, key: paramiko.PKey) -> int:
-        ok: int = paramiko.common.AUTH_SUCCESSFUL if key == self.client_key else paramiko.common.AUTH_FAILED
-        return ok
-
-    def check_channel_request(self, kind: str, chanid: int) -> int:
-        opened: int = paramiko.common.OPEN_SUCCEEDED
-        return opened
-
-    def check_channel_exec_request(self, channel: paramiko.Channel, command: bytes) -> bool:
-        def work() -> None:
-            proc = subprocess.run(["sh", "-c", command.decode()], capture_output=True, check=False)
-            channel.sendall(proc.stdout)
-            channel.sendall_stderr(proc.stderr)
-            channel.send_exit_status(proc.returncode)
-            channel.close()
-
-        threading.Thread(target=work, daemon=True).start()
-        return True
+from tests.unit._ssh_servers import Log, NodeServer
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +50,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, parami
 
 def _negotiate(t: paramiko.Transport, client_key: paramiko.PKey) -> None:
     with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
-        t.start_server(server=_Server(client_key))
+        t.start_server(server=NodeServer(client_key, Log()))
 
 
 def _keyfile(directory: Path) -> Path:
