@@ -467,6 +467,20 @@ def _storage_refs(c: Cluster, rep: Reporter, r: Rule) -> None:
             rep.add((*path, "on"), "SPEC-HOSTLIST", str(exc), "a role name or a hostlist")
 
 
+@rule("NFS-SERVER-EXPORTS", "warning",
+      "The nfs_server role serves the spec's exports: a node with the role and no export gets no NFS server, and its "
+      "packages then differ from the peers of its profile and roles that do serve one (drift on every run).")
+def _nfs_server_exports(c: Cluster, rep: Reporter, r: Rule) -> None:
+    serving = {e.server for e in c.spec.storage.nfs.exports}
+    idle = [n for n in c.nodes if "nfs_server" in n.roles and n.name not in serving]
+    by_entry: dict[Path, list[str]] = {}
+    for n in idle:
+        by_entry.setdefault(n.path, []).append(n.name)
+    for path, names in by_entry.items():  # one diagnostic per nodes: entry, its idle servers folded
+        r.report(rep, (*path, "roles"), f"{hostlist.compress(names)} has the nfs_server role but serves no export",
+                 "drop the role there, or give it exports under storage.nfs.exports")
+
+
 @rule("NFS-RDMA-FABRIC", "warning", "NFS over RDMA needs an RDMA port on the clients and the server.")
 def _nfs_rdma(c: Cluster, rep: Reporter, r: Rule) -> None:
     by_name = {n.name: n for n in c.nodes}

@@ -128,10 +128,16 @@ def test_module_missing_on_one_node_names_the_majority(cluster: Cluster) -> None
         ("gpu01", "module:nvidia_peermem", "loaded", ABSENT)]
 
 
-def test_two_nodes_that_disagree_have_no_majority(cluster: Cluster) -> None:
+def test_two_nodes_that_disagree_have_no_majority(tmp_path: Path) -> None:
+    # sm1 and sm2 as peers (same profile and roles: both subnet managers only)
+    text = (ROOT / "examples" / "lab" / "cluster.yaml").read_text()
+    old = "roles: [subnet_manager, nfs_server]}   # serves the exports"
+    assert old in text
+    spec = tmp_path / "peers.yaml"
+    spec.write_text(text.replace(old, "roles: [subnet_manager]}"))
     m = fleet()
     m["sm2"]["kernel"] = "6.1.0-31-amd64"
-    peers = [f for f in compare(cluster, m) if f.kind == "peers"]
+    peers = [f for f in compare(load_cluster(spec)[0], m) if f.kind == "peers"]
     assert sorted((f.node, f.item, f.expected, f.observed) for f in peers) == [
         ("sm1", "kernel", None, "6.1.0-28-amd64"), ("sm2", "kernel", None, "6.1.0-31-amd64")]
     assert "6.1.0-28-amd64 on sm1; 6.1.0-31-amd64 on sm2" in peers[0].message
@@ -278,12 +284,7 @@ def test_hook_failure_is_a_note_not_a_failed_run(tmp_path: Path) -> None:
 def test_peers_are_grouped_by_profile_and_roles(tmp_path: Path) -> None:
     from provisioner.drift import peer_groups
 
-    text = (Path(__file__).parents[2] / "examples" / "lab" / "cluster.yaml").read_text().replace(
-        '{name: "sm[1-2]", address: "10.213.38.[21-22]", profile: svc, roles: [subnet_manager, nfs_server]}',
-        '{name: sm1, address: 10.213.38.21, profile: svc, roles: [subnet_manager, nfs_server]}\n'
-        '  - {name: sm2, address: 10.213.38.22, profile: svc, roles: [subnet_manager]}')
-    spec = tmp_path / "regrouped.yaml"
-    spec.write_text(text)
-    groups = peer_groups(load_cluster(spec)[0])
+    # the lab example: sm1 and sm2 share the svc profile, only sm1 has the nfs_server role
+    groups = peer_groups(load_cluster(Path(__file__).parents[2] / "examples" / "lab" / "cluster.yaml")[0])
     assert groups["profile svc with roles nfs_server, subnet_manager"] == ["sm1"]
     assert groups["profile svc with roles subnet_manager"] == ["sm2"]
