@@ -681,8 +681,7 @@ def discover_cmd(
     if not _re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):
         raise UsageError(f"--name {name!r}: lowercase letters, digits and '-', at most 32")
     bastion = jump_option(jump) if jump is not None else None
-    hop = (JumpTarget(host=bastion.host, user=bastion.user or user, port=bastion.port, key=key,
-                      known_hosts=known_hosts) if bastion else None)
+    hop = JumpTarget.of(bastion, user=user, key=key, known_hosts=known_hosts) if bastion else None
     chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts, jump=hop)
     expected = _expected_fingerprints(list(chosen), fingerprint, fingerprints)
     ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port,

@@ -672,14 +672,13 @@ def targets(hosts: str, addresses: str | None, *, user: str, port: int, key: Pat
                 addr = str(ipaddress.ip_address(host))
             except ValueError:
                 if jump is not None:
-                    out[host] = SshTarget(name=host, address=host, user=user, port=port, key=key,
-                                          known_hosts=known_hosts, jump=jump)
-                    continue
-                try:
-                    addr = socket.gethostbyname(host)
-                except OSError as exc:
-                    raise UsageError(f"{host}: cannot resolve its address ({exc})",
-                                     hint="give --address with one address per host") from None
+                    addr = host  # the bastion resolves it
+                else:
+                    try:
+                        addr = socket.gethostbyname(host)
+                    except OSError as exc:
+                        raise UsageError(f"{host}: cannot resolve its address ({exc})",
+                                         hint="give --address with one address per host") from None
         out[host] = SshTarget(name=host, address=addr, user=user, port=port, key=key, known_hosts=known_hosts,
                               jump=jump)
     return out

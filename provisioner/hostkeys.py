@@ -126,16 +126,10 @@ def fetch_host_key(target: SshTarget, timeout: float = 10.0, *, bastion: Bastion
     meaningful behind the bastion. The bastion's own key must already be in known_hosts
     (:class:`RejectBastion`); an unknown or changed bastion key fails before any node is contacted."""
     if target.jump is not None:
-        from provisioner.remote import Bastion  # provisioner.remote imports this module
-
-        own = bastion is None
-        hop = Bastion(target.jump, connect_timeout=timeout) if bastion is None else bastion
-        try:
-            channel = hop.channel_to(target)
-            return _handshake(target, channel, timeout)
-        finally:
-            if own:
-                hop.close()
+        if bastion is None:  # a connection opened for this one read
+            with KeyReader(timeout) as reader:
+                return reader(target)
+        return _handshake(target, bastion.channel_to(target), timeout)
     try:
         sock = socket.create_connection((target.address, target.port), timeout=timeout)
     except OSError as exc:
@@ -149,8 +143,10 @@ class KeyReader:
     every node behind it gets that one reason. Use it as a context manager (it closes the bastions)."""
 
     def __init__(self, timeout: float = 10.0) -> None:
+        from provisioner.remote import Bastions  # provisioner.remote imports this module
+
         self.timeout = timeout
-        self._bastions: dict[JumpTarget, Bastion] = {}
+        self._bastions = Bastions(timeout)
 
     def __call__(self, target: SshTarget) -> paramiko.PKey:
         if target.jump is None:
@@ -159,16 +155,10 @@ class KeyReader:
 
     def bastion(self, jump: JumpTarget) -> Bastion:
         """The shared connection to ``jump`` (opened, and its key checked, on first use: ``.transport()``)."""
-        if jump not in self._bastions:
-            from provisioner.remote import Bastion
-
-            self._bastions[jump] = Bastion(jump, connect_timeout=self.timeout)
-        return self._bastions[jump]
+        return self._bastions.get(jump)
 
     def close(self) -> None:
-        for bastion in self._bastions.values():
-            bastion.close()
-        self._bastions.clear()
+        self._bastions.close()
 
     def __enter__(self) -> KeyReader:
         return self

@@ -35,12 +35,15 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import NamedTuple, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import paramiko
 
 from provisioner.errors import RemoteError, UsageError
 from provisioner.hostkeys import RejectBastion, RejectWithFingerprint, fingerprint, load_known_hosts
+
+if TYPE_CHECKING:
+    from provisioner.spec.models import SshJump
 
 RC_TIMEOUT = 124
 RC_UNREACHABLE = 255
@@ -128,6 +131,11 @@ class JumpTarget:
     key: Path | None
     known_hosts: Path
 
+    @classmethod
+    def of(cls, jump: SshJump, *, user: str, key: Path | None, known_hosts: Path) -> JumpTarget:
+        """The spec's ``ssh.jump`` (or discover's ``--jump``) with the nodes' login user, key and known_hosts."""
+        return cls(host=jump.host, user=jump.user or user, port=jump.port, key=key, known_hosts=known_hosts)
+
     @property
     def label(self) -> str:
         return f"bastion {self.user}@{self.host}:{self.port}"
@@ -167,8 +175,7 @@ def targets_from_cluster(cluster: object) -> dict[str, SshTarget]:
 
     key = _path(ssh.key) if ssh.key else None
     known_hosts = _path(ssh.known_hosts)
-    jump = (JumpTarget(host=ssh.jump.host, user=ssh.jump.user or ssh.user, port=ssh.jump.port, key=key,
-                       known_hosts=known_hosts) if ssh.jump else None)
+    jump = JumpTarget.of(ssh.jump, user=ssh.user, key=key, known_hosts=known_hosts) if ssh.jump else None
     return {
         n.name: SshTarget(
             name=n.name,
@@ -376,6 +383,30 @@ class Bastion:
                 self._client = None
 
 
+class Bastions:
+    """One :class:`Bastion` per jump host, opened on first use and shared by every node behind it (verification's
+    remote and the host-key reads of trust-host, replace-node and discover); closed together."""
+
+    def __init__(self, connect_timeout: float = 10.0,
+                 client_factory: Callable[[], paramiko.SSHClient] = paramiko.SSHClient) -> None:
+        self.connect_timeout = connect_timeout
+        self._factory = client_factory
+        self._open: dict[JumpTarget, Bastion] = {}
+        self._lock = threading.Lock()
+
+    def get(self, jump: JumpTarget) -> Bastion:
+        with self._lock:
+            if jump not in self._open:
+                self._open[jump] = Bastion(jump, connect_timeout=self.connect_timeout, client_factory=self._factory)
+            return self._open[jump]
+
+    def close(self) -> None:
+        with self._lock:
+            for bastion in self._open.values():
+                bastion.close()
+            self._open.clear()
+
+
 # ---------------------------------------------------------------- the SSH remote
 
 
@@ -396,8 +427,7 @@ class SshRemote:
         self._factory = client_factory
         self._clients: dict[str, paramiko.SSHClient] = {}
         self._locks: dict[str, threading.Lock] = {h: threading.Lock() for h in self.targets}
-        self._bastions: dict[JumpTarget, Bastion] = {}
-        self._bastion_lock = threading.Lock()
+        self._bastions = Bastions(connect_timeout, client_factory)
 
     def __enter__(self) -> SshRemote:
         return self
@@ -409,9 +439,7 @@ class SshRemote:
         for client in self._clients.values():
             client.close()
         self._clients.clear()
-        for bastion in self._bastions.values():  # after the nodes: their connections run inside the bastion's
-            bastion.close()
-        self._bastions.clear()
+        self._bastions.close()  # after the nodes: their connections run inside the bastions'
 
     def _target(self, host: str) -> SshTarget:
         try:
@@ -428,7 +456,7 @@ class SshRemote:
             transport = current.get_transport() if current else None
             if current is not None and transport is not None and transport.is_active():
                 return current
-            sock = self._bastion(target.jump).channel_to(target) if target.jump else None
+            sock = self._bastions.get(target.jump).channel_to(target) if target.jump else None
             try:
                 client = _connect(self._factory, target, RejectWithFingerprint(target), self.connect_timeout, sock)
             except RemoteError:
@@ -437,12 +465,6 @@ class SshRemote:
                 raise
             self._clients[host] = client
             return client
-
-    def _bastion(self, jump: JumpTarget) -> Bastion:
-        with self._bastion_lock:
-            if jump not in self._bastions:
-                self._bastions[jump] = Bastion(jump, connect_timeout=self.connect_timeout, client_factory=self._factory)
-            return self._bastions[jump]
 
     def _open(self, host: str, line: str) -> paramiko.Channel:
         transport = self.client(host).get_transport()

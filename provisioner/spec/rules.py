@@ -1127,6 +1127,7 @@ def _spares(c: Cluster, rep: Reporter, r: Rule) -> None:
             in_parts.setdefault(n, part.name)
             if n in by_name:
                 profiles.add(by_name[n].profile)
+    ib_members = [(ib, set(_names_of(ib.members, c) or [])) for ib in c.spec.fabric.partitions]
     for n in got:
         if n in in_parts:
             r.report(rep, ("spares", "nodes"), f"spare {n} is in partition {in_parts[n]}",
@@ -1139,8 +1140,7 @@ def _spares(c: Cluster, rep: Reporter, r: Rule) -> None:
                      "a spare must have the hardware profile of the nodes it replaces")
         else:
             peers = {m for m in in_parts if m in by_name and by_name[m].profile == by_name[n].profile}
-            for ib in c.spec.fabric.partitions:
-                members = set(_names_of(ib.members, c) or [])
+            for ib, members in ib_members:
                 served = sorted(peers & members)
                 if served and n not in members:
                     r.report(rep, ("spares", "nodes"), f"spare {n} is not in InfiniBand partition {ib.name} "

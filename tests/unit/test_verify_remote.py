@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,53 +11,16 @@ import pytest
 from provisioner.errors import RemoteError, UsageError
 from provisioner.hostkeys import fingerprint
 from provisioner.remote import SshRemote, SshTarget, command_line
-from tests.unit._ssh_servers import Log, NodeServer
+from tests.unit._ssh_servers import keyfile
+from tests.unit._ssh_servers import sshd as node_sshd
 
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, paramiko.PKey, Path]]:
-    host_key = paramiko.Ed25519Key.from_private_key_file(_keyfile(tmp_path_factory.mktemp("h")))
-    client_file = _keyfile(tmp_path_factory.mktemp("c"))
+    client_file = keyfile(tmp_path_factory.mktemp("c"))
     client_key = paramiko.Ed25519Key.from_private_key_file(client_file)
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))
-    listener.listen(8)
-    port = listener.getsockname()[1]
-    transports: list[paramiko.Transport] = []
-
-    def serve() -> None:
-        while True:
-            try:
-                sock, _ = listener.accept()
-            except OSError:
-                return
-            t = paramiko.Transport(sock)
-            t.add_server_key(host_key)
-            transports.append(t)
-            # negotiate in a thread of its own: a client that walks away (refused host key) must not
-            # keep the next connection waiting for its banner
-            threading.Thread(target=_negotiate, args=(t, client_key), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield port, host_key, client_file
-    listener.close()
-    for t in transports:
-        t.close()
-
-
-def _negotiate(t: paramiko.Transport, client_key: paramiko.PKey) -> None:
-    with contextlib.suppress(paramiko.SSHException, EOFError, OSError):
-        t.start_server(server=NodeServer(client_key, Log()))
-
-
-def _keyfile(directory: Path) -> Path:
-    from cryptography.hazmat.primitives import serialization
-    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-    path = directory / "id_ed25519"
-    path.write_bytes(Ed25519PrivateKey.generate().private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH, serialization.NoEncryption()))
-    return path
+    with node_sshd(tmp_path_factory.mktemp("h"), client_key, bastion=False) as server:
+        yield server.port, server.host_key, client_file
 
 
 def _target(port: int, client_file: Path, known: Path) -> SshTarget:
@@ -122,7 +82,7 @@ def test_unknown_host_key_is_refused_with_its_fingerprint(
 
 def test_changed_host_key_is_refused(sshd: tuple[int, paramiko.PKey, Path], tmp_path: Path) -> None:
     port, host_key, client_file = sshd
-    other = paramiko.Ed25519Key.from_private_key_file(_keyfile(tmp_path))
+    other = paramiko.Ed25519Key.from_private_key_file(keyfile(tmp_path))
     known = _known(tmp_path, port, other)
     with SshRemote({"node1": _target(port, client_file, known)}) as remote, pytest.raises(
         RemoteError, match="CHANGED"
@@ -147,6 +107,6 @@ def test_missing_known_hosts_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_fingerprint_matches_openssh_format() -> None:
-    key = paramiko.Ed25519Key.from_private_key_file(_keyfile(Path(__import__("tempfile").mkdtemp())))
+    key = paramiko.Ed25519Key.from_private_key_file(keyfile(Path(__import__("tempfile").mkdtemp())))
     fp = fingerprint(key)
     assert fp.startswith("SHA256:") and len(fp) == 7 + 43 and not fp.endswith("=")
