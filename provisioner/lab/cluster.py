@@ -200,6 +200,10 @@ LAB_SITE_VARS: dict[str, bool | str] = {
     # confine tasks. Real nodes keep the role's cgroup defaults.
     "slurm_proctrack_type": "proctrack/linuxproc",
     "slurm_task_plugin": "task/none",
+    # Without CPUs= slurmctld schedules one CPU per node, and a job with a task per GPU (the NCCL check under srun)
+    # cannot start; real nodes take their line from `slurmd -C`, the lab's GPU nodes have two GPUs and see the
+    # host's CPUs (two at least where the lab runs).
+    "slurm_node_options": "CPUs=2",
 }
 """What the lab cannot do like real nodes, as role variables (rendered into group_vars/all via site_vars)."""
 

@@ -54,7 +54,8 @@ def test_overlay_shape() -> None:
                                   # the lab's IPoIB links are veth pairs (provisioner/lab/ipoib.py)
                                   "ipoib_require_infiniband": False,
                                   "perftest_cuda_build_from_source": False,
-                                  "slurm_proctrack_type": "proctrack/linuxproc", "slurm_task_plugin": "task/none"}}
+                                  "slurm_proctrack_type": "proctrack/linuxproc", "slurm_task_plugin": "task/none",
+                                  "slurm_node_options": "CPUs=2"}}
 
 
 def test_overlay_site_vars_are_role_variables_the_spec_accepts() -> None:
