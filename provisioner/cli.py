@@ -435,6 +435,9 @@ def verify_cmd(
     as_json: Annotated[bool, typer.Option("--json", help="Print report.json to standard output.")] = False,
     junit: Annotated[Path | None, typer.Option("--junit", help="Also write JUnit XML here.")] = None,
     html: Annotated[Path | None, typer.Option("--html", help="Also write the HTML report here.")] = None,
+    nccl_launcher: Annotated[str, typer.Option(
+        "--nccl-launcher", help="How the NCCL check starts: auto (srun for nodes in a Slurm partition, mpirun for "
+        "the rest), srun, or mpirun (over SSH, also on nodes Slurm gave to jobs).")] = "auto",
     out_dir: StateDirOpt = None,
 ) -> None:
     """Prove the fabric against the spec: the checks below, or those --only names.
@@ -442,12 +445,15 @@ def verify_cmd(
     Exit 0 pass, 1 findings, 2 could not run. Reports go to <state>/verify/<time>/ (JSON, JUnit XML, HTML).
     """
     from provisioner.errors import UsageError
+    from provisioner.fabric.nccl import LAUNCHES
     from provisioner.report import to_html, to_json, to_junit
     from provisioner.spec import hostlist
     from provisioner.verify import verify
 
     if mode not in (None, "quick", "full"):
         raise UsageError(f"--mode {mode}: use quick or full")
+    if nccl_launcher not in LAUNCHES:
+        raise UsageError(f"--nccl-launcher {nccl_launcher}: use {', '.join(LAUNCHES)}")
     # a wrong name, or none (--only , / --only ""), fails before any SSH
     tests = check_registry.parse_only(only.split(",")) if only is not None else None
     from provisioner.state import run_lock
@@ -455,7 +461,7 @@ def verify_cmd(
     cluster, warnings = load_cluster(spec, overlay)
     _print_diagnostics(warnings)
     with run_lock(state_dir_for(cluster.name, out_dir), command="provision verify"):  # not during a run
-        run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir,
+        run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir, nccl_launcher=nccl_launcher,
                      progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
     if junit:
         junit.write_text(to_junit(run.report), encoding="utf-8")

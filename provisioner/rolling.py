@@ -188,8 +188,9 @@ def verify_batch(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], d
     if sms:
         tests.append("sm")
         names += [n for n in sm_nodes(cluster) if n not in names]
+    # mpirun, not srun: the batch is drained (or a spare in no partition), where Slurm starts no job step
     run = verify(subset(cluster, names), tests=tests, mode="full", remote=remote, state_dir=directory,
-                 write=False, progress=progress)
+                 write=False, progress=progress, nccl_launcher="mpirun")
     checks = list(run.report.checks)
     if gpu and peers and "gpudirect" in wanted:
         for node in gpu:

@@ -48,6 +48,7 @@ from provisioner.fabric.sm import SmInfo, sminfo_result
 from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluster
 from provisioner.report import VerifyReport, fabric_picture, to_html, to_json, to_junit
+from provisioner.slurm.membership import current as current_membership
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.state import state_dir_for, symlink_atomic, write_text_atomic
 
@@ -102,8 +103,12 @@ def _parsed(tool: str, done: Completed, *, with_stderr: bool = False) -> tuple[d
 class _Verifier:
     """One run's state: the remote, the cluster, what was measured so far."""
 
-    def __init__(self, cluster: Cluster, remote: Remote, progress: Progress, grace_s: float) -> None:
+    def __init__(self, cluster: Cluster, remote: Remote, progress: Progress, grace_s: float,
+                 nccl_launch: str = "mpirun", partitions: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
+        self.nccl_launch = nccl_launch
+        self.partitions = dict(partitions or {})
+        """node -> the Slurm partition it serves in now (the NCCL check starts those with srun)."""
         self.remote = reach.ReachableRemote(remote)
         self.progress = progress
         self.grace_s = grace_s
@@ -328,13 +333,19 @@ class _Verifier:
                                                  every, self.lost))
             self.checks += reach.skipped(nccl.CHECK, every, self.lost)
             return
-        probe = self.remote.run_many({gpu_nodes[0]: ["sh", "-c", "command -v mpirun"]}, timeout=PROBE_TIMEOUT_S)
-        has_mpirun = probe[gpu_nodes[0]].rc == 0 and bool(probe[gpu_nodes[0]].stdout.strip())
+        found: dict[tuple[str, str], bool] = {}
+
+        def has_tool(host: str, tool: str) -> bool:
+            if (host, tool) not in found:
+                done = self.remote.run_many({host: ["sh", "-c", f"command -v {tool}"]}, timeout=PROBE_TIMEOUT_S)[host]
+                found[host, tool] = done.rc == 0 and bool(done.stdout.strip())
+            return found[host, tool]
 
         def runner(hosts: Sequence[str], argv: Sequence[str], env: dict[str, str]) -> Completed:
             return self.remote.run_many({hosts[0]: list(argv)}, timeout=NCCL_TIMEOUT_S, env=env)[hosts[0]]
 
-        result = nccl.check_nccl(cluster, runner, mpirun=has_mpirun, as_root=self.cluster.spec.ssh.user == "root")
+        result = nccl.check_nccl(cluster, runner, has_tool=has_tool, as_root=self.cluster.spec.ssh.user == "root",
+                                 launch=self.nccl_launch, partitions=self.partitions)
         busbw = result.measurements.get("busbw_gbps")
         self.nccl_busbw = float(busbw) if isinstance(busbw, int | float) else None
         self.checks.append(reach.unless_lost(result, every, self.lost))
@@ -509,8 +520,12 @@ def verify(
     write: bool = True,
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     server_grace_s: float = 0.5,
+    nccl_launcher: str = "auto",
 ) -> VerifyRun:
-    """Run the selected checks and write the reports; see the module docstring."""
+    """Run the selected checks and write the reports; see the module docstring.
+
+    ``nccl_launcher`` (:data:`provisioner.fabric.nccl.LAUNCHES`): ``auto`` starts the NCCL check with srun on the
+    nodes Slurm serves in a partition now (the spec's membership with the recorded failovers applied)."""
     chosen = select_tests(cluster, tests)
     # a check asked for by name with nothing to check in this spec (sm on RoCE, storage without mounts) could not
     # run; so could each one the spec lists when dropping them leaves a run without --only nothing to check
@@ -520,7 +535,11 @@ def verify(
     started = now()
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
-    v = _Verifier(cluster, rem, progress, server_grace_s)
+    partitions: dict[str, str] = {}
+    if cluster.spec.slurm is not None and nccl_launcher != "mpirun" and "nccl" in chosen:
+        serving = current_membership(cluster, state_dir_for(cluster.name, state_dir))
+        partitions = {n: parts[0] for n in serving.in_partitions if (parts := serving.partitions_of(n))}
+    v = _Verifier(cluster, rem, progress, server_grace_s, nccl_launcher, partitions)
     try:
         if any(c.every_node for c in steps):  # sm and cabling ask one node that answers; the rest every node
             progress("ssh: every node answers (a node that does not is reported once and left out)")

@@ -10,20 +10,29 @@ daemon started from the launcher (``--mca plm_rsh_no_tree_spawn 1``: only the la
 others). ``NCCL_DEBUG=INFO`` with ``NCCL_DEBUG_SUBSYS=INIT,NET`` makes every rank print the HCAs NCCL selected
 (``NET/IB : Using [0]mlx5_0:1/IB ... ; OOB ...``); a node whose selection differs from the spec's rails is named.
 The run must have ``nodes x GPUs`` ranks: an nccl-tests built without MPI under mpirun runs one job per rank.
+
+Where Slurm runs the nodes (``slurm:`` in the spec), nodes in a partition are tested the way their jobs start: one
+``srun --mpi=pmix`` job step per partition (``--exclusive``, so no job shares the nodes while NCCL measures, and
+``--immediate``: busy or drained nodes make the check *could not run*, with Slurm's reason, never a slow-node
+verdict). Open MPI 4.1 initialises from the PMIx server srun starts (docs.open-mpi.org "Launching with Slurm");
+nothing is started over SSH on nodes Slurm may have given to a job. Nodes in no partition (spares) hold no jobs and
+are tested among themselves under mpirun; rolling and failover verification use mpirun throughout, since the nodes
+they test are drained or in no partition, where srun cannot start (:data:`LAUNCHES`).
 """
 
 from __future__ import annotations
 
 import re
 import shlex
-from collections.abc import Callable, Sequence
-from dataclasses import replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
 from provisioner.errors import ParseError
 from provisioner.fabric.findings import CheckResult, Finding
 from provisioner.fabric.schedule import PairResult, Round, judge, run_quick, verdict_findings
 from provisioner.parsers import parse
 from provisioner.remote import Completed
+from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.rules import full_pkey, nccl_pkey
 
@@ -56,6 +65,65 @@ def mpirun_argv(hostfile: str, nodes: int, gpus_per_node: int, max_bytes: str, *
     for setting in DEBUG_ENV:
         argv += ["-x", setting]
     return [*argv, *perf_argv(max_bytes)]
+
+
+#: ``--nccl-launcher`` choices: ``auto`` is srun for nodes in a Slurm partition, mpirun for the rest.
+LAUNCHES = ("auto", "srun", "mpirun")
+SRUN_WAIT_S = 60
+"""srun ``--immediate``: how long the job may wait for its nodes before the check says it could not run."""
+SRUN_TIME_MIN = 15
+"""srun ``--time`` (minutes): a step that hangs is ended by Slurm, not left holding the nodes."""
+# srun could not get the nodes, or could not reach slurmctld: no task ran (srun(1); captured on Debian 12's Slurm
+# 22.05, docs/lab-hardware-model.md "Slurm")
+_SRUN_NO_ALLOCATION = re.compile(r"srun: error: (Unable to allocate resources: .*|Unable to contact slurm controller.*"
+                                 r"|Invalid partition name specified.*)$", re.M)
+_SRUN_NODE_UNAVAILABLE = re.compile(r"^srun: (Required node not available \(down, drained or reserved\))$", re.M)
+_SRUN_NO_MPI = re.compile(r"^srun: error: (.*(?:mpi/pmix|Invalid MPI type).*)$", re.M)
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """How one all-reduce starts: ``mpirun`` over SSH from the first node, or ``srun`` in a Slurm partition."""
+
+    kind: str  # "mpirun" | "srun"
+    partition: str | None = None
+    gres: bool = False
+
+    @property
+    def tool(self) -> str:
+        return self.kind
+
+
+MPIRUN = Launcher("mpirun")
+
+
+def srun_argv(names: Sequence[str], gpus_per_node: int, max_bytes: str, launcher: Launcher) -> list[str]:
+    """One srun job step over ``names`` (Slurm's node names are the spec's): a rank per GPU, PMIx for MPI_Init.
+
+    NCCL's debug settings go in the environment srun exports (its default, ``--export=ALL``): ``--export`` itself
+    splits on commas, and NCCL_DEBUG_SUBSYS holds one."""
+    argv = ["env", *DEBUG_ENV, "srun", "--mpi=pmix", "--job-name=provisioner-nccl",
+            f"--nodelist={','.join(names)}", f"--nodes={len(names)}", f"--ntasks-per-node={gpus_per_node}",
+            "--exclusive", f"--immediate={SRUN_WAIT_S}", f"--time={SRUN_TIME_MIN}", "--kill-on-bad-exit=1"]
+    if launcher.partition:
+        argv.append(f"--partition={launcher.partition}")
+    if launcher.gres:
+        argv.append(f"--gres=gpu:{gpus_per_node}")
+    return [*argv, *perf_argv(max_bytes)]
+
+
+def srun_not_started(done: Completed) -> str | None:
+    """Why srun ran no task (no allocation, no controller), from its own lines; None when the step started."""
+    text = f"{done.stderr}\n{done.stdout}"
+    found = [m.group(1).strip() for m in _SRUN_NODE_UNAVAILABLE.finditer(text)]
+    found += [m.group(1).strip() for m in _SRUN_NO_ALLOCATION.finditer(text)]
+    return "; ".join(dict.fromkeys(found)) or None
+
+
+def srun_without_mpi(done: Completed) -> str | None:
+    """srun could not load its MPI plugin (the step never started its ranks)."""
+    found = [m.group(1).strip() for m in _SRUN_NO_MPI.finditer(f"{done.stderr}\n{done.stdout}")]
+    return "; ".join(dict.fromkeys(found)) or None
 
 
 def hostfile_text(addresses: Sequence[str], gpus_per_node: int) -> str:
@@ -147,64 +215,141 @@ def pkey_groups(cluster: Cluster, nodes: Sequence[Node]) -> list[tuple[str, list
             for key, group in by_key.items()]
 
 
-def check_nccl(cluster: Cluster, runner: NcclRunner, *, mpirun: bool, as_root: bool) -> CheckResult:
-    """All-reduce across the GPU compute nodes, one run per P_Key group (:func:`pkey_groups`); on a miss,
-    pairwise follow-ups name the slow node or pair."""
+def launch_groups(cluster: Cluster, nodes: Sequence[Node], launch: str,
+                  partitions: Mapping[str, str]) -> list[tuple[str, list[Node], Launcher]]:
+    """The all-reduces to run: one per P_Key group (:func:`pkey_groups`), split by how they start.
+
+    ``partitions`` is node -> the Slurm partition it serves in now (empty without Slurm). ``auto`` starts the
+    nodes of a partition with srun, the rest with mpirun; ``srun`` and ``mpirun`` start every group that way."""
+    slurm = cluster.spec.slurm
+    out: list[tuple[str, list[Node], Launcher]] = []
+    for label, group in pkey_groups(cluster, nodes):
+        if launch == "mpirun" or (launch == "auto" and (slurm is None or not partitions)):
+            out.append((label, group, MPIRUN))
+            continue
+        by_part: dict[str | None, list[Node]] = {}
+        for n in group:
+            by_part.setdefault(partitions.get(n.name), []).append(n)
+        for part, members in by_part.items():
+            if part is None:
+                kind = MPIRUN if launch == "auto" else Launcher("srun")
+                out.append((f"{label}, in no Slurm partition", members, kind))
+            else:
+                out.append((f"{label}, Slurm partition {part}", members,
+                            Launcher("srun", part, bool(slurm and slurm.gres))))
+    return out
+
+
+def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str, str], bool], as_root: bool,
+               launch: str = "mpirun", partitions: Mapping[str, str] | None = None) -> CheckResult:
+    """All-reduce across the GPU compute nodes, one run per P_Key group and launcher (:func:`launch_groups`);
+    on a miss, pairwise follow-ups name the slow node or pair. ``has_tool(host, tool)``: is the launcher there."""
     nodes = sorted((n for n in cluster.nodes_with_role("compute") if n.gpu_count), key=lambda n: n.name)
     if len(nodes) < 2:
         return CheckResult.could_not_run(CHECK, None, f"needs two GPU compute nodes, found {len(nodes)}")
-    if not mpirun:
-        return CheckResult.could_not_run(CHECK, None, f"no mpirun on {nodes[0].name}: multi-node nccl-tests need "
-                                         "an MPI launcher (the nccl role installs Open MPI, nccl_mpi_install)")
-    groups = pkey_groups(cluster, nodes)
-    if len(groups) == 1:
-        return _check_group(cluster, nodes, runner, as_root=as_root)
-    runnable = [(label, group) for label, group in groups if len(group) >= 2]
+    groups = launch_groups(cluster, nodes, launch, partitions or {})
+    runnable = [g for g in groups if len(g[1]) >= 2]
     if not runnable:
         return CheckResult.could_not_run(CHECK, None, "no two GPU compute nodes share a partition for NCCL: "
                                          + "; ".join(f"{', '.join(n.name for n in g)} in {label}"
-                                                     for label, g in groups))
+                                                     for label, g, _ in groups))
+    if len(groups) == 1:
+        label, group, launcher = groups[0]
+        return _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root)
     findings: list[Finding] = []
     measurements: dict[str, float | int | str | None] = {"nodes": len(nodes), "groups": len(groups)}
     figures: list[float | None] = []
-    for label, group in groups:
+    unrun: list[str] = []
+    for label, group, launcher in groups:
         names = ", ".join(n.name for n in group)
         if len(group) < 2:
-            findings.append(Finding(CHECK, "info", group[0].name, None, None, "another node in its partition",
-                                    label, f"{names}: the only GPU node whose NCCL traffic uses {label}; "
-                                    "no multi-node all-reduce can include it", ""))
+            alone = (f"{names} is the only GPU node of {label}: srun cannot start where Slurm schedules no job, "
+                     "and mpirun would share nodes with jobs; `provision failover` tests a spare against a peer "
+                     "before it takes a place") if launcher.kind == "mpirun" and partitions else (
+                f"{names}: the only GPU node whose NCCL traffic uses {label}; no multi-node all-reduce can "
+                "include it")
+            findings.append(Finding(CHECK, "info", group[0].name, None, None, "another node in its group",
+                                    label, alone, ""))
             continue
-        part = _check_group(cluster, group, runner, as_root=as_root)
+        part = _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root)
+        if part.error is not None:
+            unrun.append(f"{label}: {part.error}")
+            continue
         findings += [replace(f, message=f"{label}: {f.message}") for f in part.findings]
         busbw = part.measurements.get("busbw_gbps")
         measurements[f"busbw_gbps {label}"] = busbw
+        measurements[f"launcher {label}"] = launcher.kind
         figures.append(float(busbw) if isinstance(busbw, int | float) else None)
+    if unrun:
+        # a group that could not run leaves the cluster unproven: that is the verdict unless another group failed
+        if not any(f.severity == "error" for f in findings):
+            measured = [f"{k.removeprefix('busbw_gbps ')} {v:.1f} GB/s" for k, v in measurements.items()
+                        if k.startswith("busbw_gbps ") and isinstance(v, int | float)]
+            return CheckResult.could_not_run(CHECK, None, "; ".join(unrun) + (
+                f" (measured: {'; '.join(measured)})" if measured else ""))
+        findings += [Finding(CHECK, "warning", None, None, None, "a run", "could not run", f"could not run: {u}", "")
+                     for u in unrun]
     # the cluster's figure (the baseline's) is the slowest group's; none when any group's run failed
-    measurements["busbw_gbps"] = None if None in figures else min(f for f in figures if f is not None)
+    measurements["busbw_gbps"] = None if None in figures or not figures else min(f for f in figures if f is not None)
     return CheckResult.from_findings(CHECK, None, findings, measurements)
 
 
-def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, *, as_root: bool) -> CheckResult:
+def _launch_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, launcher: Launcher,
+                  has_tool: Callable[[str, str], bool], *, as_root: bool) -> CheckResult:
+    first = nodes[0].name
+    if not has_tool(first, launcher.tool):
+        what = ("an MPI launcher (the nccl role installs Open MPI, nccl_mpi_install)" if launcher.kind == "mpirun"
+                else "Slurm's srun (the slurm role installs slurm-client)")
+        return CheckResult.could_not_run(CHECK, None, f"no {launcher.tool} on {first}: multi-node nccl-tests need "
+                                         + what)
+    return _check_group(cluster, nodes, runner, launcher, as_root=as_root)
+
+
+def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, launcher: Launcher, *,
+                 as_root: bool) -> CheckResult:
     cfg = cluster.spec.verify.nccl
     gpus = min(n.gpu_count for n in nodes)
     names = [n.name for n in nodes]
     address = {n.name: n.address for n in nodes}
     outputs: dict[tuple[str, ...], Completed] = {}
 
-    def busbw_of(hosts: Sequence[str]) -> tuple[float | None, str]:
-        argv = launch([address[h] for h in hosts], gpus, cfg.max_bytes, as_root=as_root,
-                      ssh_port=cluster.spec.ssh.port)
+    def start(hosts: Sequence[str]) -> Completed:
+        if launcher.kind == "srun":
+            argv = srun_argv(hosts, gpus, cfg.max_bytes, launcher)
+        else:
+            argv = launch([address[h] for h in hosts], gpus, cfg.max_bytes, as_root=as_root,
+                          ssh_port=cluster.spec.ssh.port)
         done = runner(hosts, argv, {})
         outputs[tuple(hosts)] = done
+        return done
+
+    def busbw_of(hosts: Sequence[str]) -> tuple[float | None, str]:
+        done = start(hosts)
+        if launcher.kind == "srun" and (why := srun_not_started(done)):
+            return None, f"srun got no nodes: {why}"
         return read_busbw(done)
 
-    busbw, why = busbw_of(names)
-    whole = outputs[tuple(names)]
+    whole = start(names)
+    if launcher.kind == "srun":
+        if (why := srun_not_started(whole)) is not None:
+            return CheckResult.could_not_run(
+                CHECK, None, f"srun could not start the all-reduce on {hostlist.compress(names)} within "
+                f"{SRUN_WAIT_S} s: {why} (a node running jobs, drained or down; `provision verify "
+                "--nccl-launcher mpirun` tests over SSH instead, sharing the nodes with what runs there)")
+        if (why := srun_without_mpi(whole)) is not None:
+            return CheckResult.from_findings(CHECK, None, [Finding(
+                CHECK, "error", None, None, None, "srun --mpi=pmix starts MPI ranks", why,
+                f"srun cannot start MPI ranks on {hostlist.compress(names)}: {why}",
+                "no MPI job starts under srun on these nodes: Debian's mpi/pmix plugin needs libpmix-dev "
+                "(slurm_pmix_packages) and slurmd restarted after it is installed")],
+                {"nodes": len(names), "busbw_gbps": None, "launcher": "srun"})
+    busbw, why = read_busbw(whole)
     nranks = observed_ranks(whole.stdout)
     want_ranks = len(names) * gpus
     floor = cfg.min_busbw_gbps
     measurements: dict[str, float | int | str | None] = {"nodes": len(names), "busbw_gbps": busbw,
-                                                         "max_bytes": cfg.max_bytes, "nranks": nranks}
+                                                         "max_bytes": cfg.max_bytes, "nranks": nranks,
+                                                         "launcher": launcher.kind}
     findings: list[Finding] = []
     if nranks is not None and nranks != want_ranks:
         findings.append(Finding(CHECK, "error", None, None, None, want_ranks, nranks,

@@ -6,7 +6,8 @@ role from the Debian mirror: draining, waiting for jobs, resuming and partition 
 The tests share one lab and one state directory and run in file order:
 
 1. a fresh lab converges with the slurm phase (exit 0): gpu01-02 idle in the partition, the spare gpu03
-   registered with slurmctld and in no partition;
+   registered with slurmctld and in no partition; its verification ran NCCL as an srun step over the partition
+   (and with a job holding gpu01, `verify --only nccl` could not run, with Slurm's reason, the job untouched);
 2. the driver pin moves to the lab's newer release and ``--rolling --batch 1`` runs with a job sleeping on gpu01
    and gpu01's mlx5_1 link trained at 2X: the spare's batch passes; gpu01's batch drains it, waits for the job to
    end (the job completes, it is not killed), converges, fails verification and stops there, gpu01 drained with
@@ -37,6 +38,7 @@ import pytest
 from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
+from provisioner.fabric import nccl
 from provisioner.lab import faults
 from provisioner.lab.host import podman
 from provisioner.lab.names import container_name
@@ -129,6 +131,38 @@ def test_fresh_cluster_runs_slurm(lab: Lab, capsys: pytest.CaptureFixture[str]) 
         assert node_state(n)["State"] == "IDLE", node_state(n)
     spare = node_state("gpu03")
     assert spare["State"] == "IDLE" and spare.get("Partitions", "") == "", spare
+
+
+def test_verify_starts_nccl_with_srun_and_a_busy_node_leaves_it_unproven(
+        lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fresh run's verification started the all-reduce the way jobs start: an srun step over the partition's
+    nodes (Debian's PMIx plugin, real slurmctld); the spare, in no partition, is said alone. A node running a job
+    then makes the check could-not-run with Slurm's reason, and the job is left running."""
+    report = json.loads((lab.state / "verify" / "latest" / "report.json").read_text(encoding="utf-8"))
+    check = next(c for c in report["checks"] if c["name"] == "nccl")
+    assert check["passed"] and check["error"] is None, check
+    gpu = "the default partition, Slurm partition gpu"
+    assert check["measurements"][f"launcher {gpu}"] == "srun", check["measurements"]
+    assert check["measurements"][f"busbw_gbps {gpu}"] >= 80, check["measurements"]
+    spare = [f for f in check["findings"] if f["node"] == "gpu03"]
+    assert [f["severity"] for f in spare] == ["info"] and "srun cannot start" in spare[0]["message"], spare
+    steps = re.findall(r"JobName=provisioner-nccl\b.*?JobState=(\S+).*?\bNodeList=(\S+)",
+                       sh("sm1", "scontrol show jobs --oneliner"))
+    assert ("COMPLETED", "gpu[01-02]") in steps, steps  # the step Slurm ran (kept MinJobAge, 300 s)
+
+    held = submit("gpu01", "sleep 600")
+    monkeypatch.setattr(nccl, "SRUN_WAIT_S", 5)
+    rc, out = provision(lab, capsys, "verify", "--only", "nccl")
+    try:
+        assert rc == 2, out[-3000:]
+        assert "Requested nodes are busy" in out and "--nccl-launcher mpirun" in out, out[-3000:]
+        assert job(held)["JobState"] == "RUNNING", job(held)  # verification did not touch the job
+    finally:
+        sh("sm1", f"scancel {held}")
+    deadline = time.monotonic() + 60
+    while node_state("gpu01")["State"] != "IDLE":
+        assert time.monotonic() < deadline, node_state("gpu01")
+        time.sleep(0.5)
 
 
 def test_rolling_driver_change_waits_for_the_job_stops_at_a_failing_batch_and_resumes(

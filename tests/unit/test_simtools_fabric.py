@@ -537,6 +537,29 @@ def test_all_reduce_rail_down_and_no_peermem_lower(lab: Path) -> None:
     assert 0.45 < no_gdr / full < 0.55
 
 
+def test_all_reduce_started_by_srun_with_pmix_is_one_job_and_without_pmi_aborts(lab: Path) -> None:
+    """A step of ``srun --mpi=pmix --ntasks-per-node=2`` over gpu01-02: each task has what slurmstepd's PMIx server
+    gives it (tests/fixtures/slurm/srun_pmix_env.txt): one job of 4 ranks. Without PMIx, MPI_Init aborts."""
+    activate_all(lab)
+    procs = []
+    for rank in range(4):
+        host = "gpu01" if rank < 2 else "gpu02"
+        step = {"PMIX_RANK": str(rank), "PMIX_NAMESPACE": "slurm.pmix.7.0", "SLURM_PROCID": str(rank),
+                "SLURM_LOCALID": str(rank % 2), "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "4",
+                "SLURM_STEP_ID": "0", "NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+        procs.append(subprocess.Popen([PY, str(TOOLS / "all_reduce_perf"), *PERF[1:]], env=env_for(lab, host, **step),
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=60) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0, 0, 0], [e for _, e in outs]
+    table = outs[0][0]
+    assert sorted(int(r) for r in re.findall(r"^#\s+Rank\s+(\d+) ", table, re.M)) == [0, 1, 2, 3]
+    assert avg_busbw(table) > 40.0 and all("#  Rank" not in o for o, _ in outs[1:])
+    bare = run_tool(lab, "gpu01", *PERF, SLURM_STEP_ID="0", SLURM_PROCID="0", SLURM_NTASKS="2")
+    assert bare.returncode == 1 and bare.stdout == ""
+    assert 'The application appears to have been direct launched using "srun",' in bare.stderr
+    assert re.search(r"^\[gpu01:\d+\] OPAL ERROR: Unreachable in file ext3x_client.c at line 111$", bare.stderr, re.M)
+
+
 def test_all_reduce_without_launcher_is_one_process_on_one_node(lab: Path) -> None:
     activate_all(lab)
     result = run_tool(lab, "gpu01", "all_reduce_perf", "-b", "8G", "-e", "8G", "-g", "2")

@@ -518,11 +518,11 @@ def test_nccl_busbw_is_read_at_the_largest_size_of_a_real_run() -> None:
 
 def test_nccl_counts_ranks_and_fails_when_they_are_not_nodes_times_gpus() -> None:
     real = load("nccl-tests", "a3mega_16rank_allreduce.txt")  # 2 nodes x 8 H100
-    ok = nccl.check_nccl(cluster_from(NCCL16), lambda h, a, e: Completed(0, real, ""), mpirun=True, as_root=True)
+    ok = nccl.check_nccl(cluster_from(NCCL16), lambda h, a, e: Completed(0, real, ""), has_tool=lambda h, t: True, as_root=True)
     assert ok.passed and ok.measurements["nranks"] == 16
     # the same 16 ranks against 4 nodes x 2 GPUs: wrong job shape, even without a bandwidth floor
     loose = IB.replace("verify: {nccl: {min_busbw_gbps: 80}}", "")
-    bad = nccl.check_nccl(cluster_from(loose), lambda h, a, e: Completed(0, real, ""), mpirun=True, as_root=True)
+    bad = nccl.check_nccl(cluster_from(loose), lambda h, a, e: Completed(0, real, ""), has_tool=lambda h, t: True, as_root=True)
     assert not bad.passed and bad.measurements["nranks"] == 16
     assert any(f.expected == 8 and f.observed == 16 and "ranks" in f.message for f in bad.findings)
     # an nccl-tests built without MPI under mpirun: one table per process, each its own rank 0
@@ -550,7 +550,7 @@ def test_nccl_names_the_rails_nccl_selected_from_real_lines() -> None:
 def test_nccl_pass_and_slow_node_follow_up() -> None:
     c = cluster_from(IB.replace("count: 2}", "count: 4}"))  # 4 nodes x 4 GPUs = the capture's 16 ranks
     real = load("nccl-tests", "a3mega_16rank_allreduce.txt")
-    ok = nccl.check_nccl(c, lambda hosts, argv, env: Completed(0, real, ""), mpirun=True, as_root=True)
+    ok = nccl.check_nccl(c, lambda hosts, argv, env: Completed(0, real, ""), has_tool=lambda h, t: True, as_root=True)
     assert ok.passed and ok.measurements["busbw_gbps"] == pytest.approx(338.82)
 
     def runner(hosts: Any, argv: Any, env: dict[str, str]) -> Completed:
@@ -558,11 +558,11 @@ def test_nccl_pass_and_slow_node_follow_up() -> None:
             return Completed(1, "", "gpu02: Test NCCL failure common.cu:1005 'remote process exited'")
         return Completed(0, real, "")
 
-    bad = nccl.check_nccl(c, runner, mpirun=True, as_root=True)
+    bad = nccl.check_nccl(c, runner, has_tool=lambda h, t: True, as_root=True)
     errors = [f for f in bad.findings if f.severity == "error"]
     assert errors[0].node is None and "failed" in errors[0].message
     assert [f.node for f in errors[1:]] == ["gpu02"] and "slow in NCCL" in errors[1].message
-    none = nccl.check_nccl(c, runner, mpirun=False, as_root=True)
+    none = nccl.check_nccl(c, runner, has_tool=lambda h, t: t != "mpirun", as_root=True)
     assert not none.passed and none.error is not None and "mpirun" in none.error
 
 
@@ -624,7 +624,7 @@ def test_nccl_runs_once_per_partition_because_a_job_cannot_span_two_p_keys() -> 
                      '{name: tenant_b, pkey: 0x8002, members: "gpu[03-04]"}')
     assert [(label, [n.name for n in g]) for label, g in nccl.pkey_groups(c, c.nodes_with_role("compute"))] == [
         ("tenant_a (P_Key 0x8001)", ["gpu01", "gpu02"]), ("tenant_b (P_Key 0x8002)", ["gpu03", "gpu04"])]
-    ok = nccl.check_nccl(c, runner, mpirun=True, as_root=True)
+    ok = nccl.check_nccl(c, runner, has_tool=lambda h, t: True, as_root=True)
     assert ok.passed, ok.findings
     assert hostfiles == ["10.0.0.1 10.0.0.2", "10.0.0.3 10.0.0.4"]
     assert ok.measurements["busbw_gbps"] == pytest.approx(338.82)
@@ -635,7 +635,7 @@ def test_nccl_runs_once_per_partition_because_a_job_cannot_span_two_p_keys() -> 
             return Completed(1, "", "gpu03: Test NCCL failure common.cu:1005 'remote process exited'")
         return Completed(0, real, "")
 
-    bad = nccl.check_nccl(c, tenant_b_fails, mpirun=True, as_root=True)
+    bad = nccl.check_nccl(c, tenant_b_fails, has_tool=lambda h, t: True, as_root=True)
     assert not bad.passed and bad.measurements["busbw_gbps"] is None
     errors = [f for f in bad.findings if f.severity == "error"]
     assert errors and all(f.message.startswith("tenant_b (P_Key 0x8002): ") for f in errors)
@@ -651,17 +651,17 @@ def test_nccl_a_node_alone_in_its_partition_is_said_and_the_rest_still_run() -> 
 
     # tenant_a for gpu[01-02]; gpu03 and gpu04 stay in the default partition: two groups of two
     two = nccl.check_nccl(_partitioned('{name: tenant_a, pkey: 0x8001, members: "gpu[01-02]"}'), runner,
-                          mpirun=True, as_root=True)
+                          has_tool=lambda h, t: True, as_root=True)
     assert two.passed and len(runs) == 2 and "busbw_gbps the default partition" in two.measurements
     runs.clear()
     c = _partitioned('{name: tenant_a, pkey: 0x8001, members: "gpu[01-02]"}, '
                      '{name: tenant_b, pkey: 0x8002, members: "gpu03"}')
-    lone = nccl.check_nccl(c, runner, mpirun=True, as_root=True)
+    lone = nccl.check_nccl(c, runner, has_tool=lambda h, t: True, as_root=True)
     # gpu03 (tenant_b) and gpu04 (default) are each alone: said as info, only tenant_a runs
     assert len(runs) == 1 and "10.0.0.1 slots=8" in runs[0] and lone.passed
     assert sorted((f.severity, f.node) for f in lone.findings) == [("info", "gpu03"), ("info", "gpu04")]
     assert "the only GPU node whose NCCL traffic uses tenant_b (P_Key 0x8002)" in lone.findings[0].message
     apart = _partitioned('{name: a, pkey: 0x8001, members: gpu01}, {name: b, pkey: 0x8002, members: gpu02}, '
                          '{name: c, pkey: 0x8003, members: gpu03}')
-    none = nccl.check_nccl(apart, runner, mpirun=True, as_root=True)
+    none = nccl.check_nccl(apart, runner, has_tool=lambda h, t: True, as_root=True)
     assert not none.ran and none.error is not None and "no two GPU compute nodes share a partition" in none.error

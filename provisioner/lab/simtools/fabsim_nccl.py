@@ -2,8 +2,9 @@
 
 Launch, as the real binary:
 - without a launcher (no ``OMPI_COMM_WORLD_SIZE``), one process drives the ``-g`` GPUs of this node;
-- under ``mpirun`` (the lab's stand-in Open MPI, :mod:`fabsim_mpi`), every rank runs this module on its
-  own node.  nccl-tests gathers the ranks' host names and device lines over MPI; the simulator's
+- under ``mpirun`` (the lab's stand-in Open MPI, :mod:`fabsim_mpi`, or Debian's), or started by
+  ``srun --mpi=pmix`` (real Slurm), every rank runs this module on its own node (:func:`layout`).
+  nccl-tests gathers the ranks' host names and device lines over MPI; the simulator's
   stand-in for that exchange is the shared lab root: each rank writes a record under
   ``<lab root>/nccl-jobs/<PMIX_NAMESPACE>/`` and world rank 0 waits for all of them, prints the whole
   table, and publishes the exit status the other ranks then exit with.
@@ -476,15 +477,67 @@ class Layout:
     job: str  # "" without a launcher
 
 
+class DirectLaunchWithoutPmi(Exception):
+    """Started by srun as a job step with no PMI for MPI_Init to use (``srun --mpi=none``)."""
+
+
+def _job_name(env: Mapping[str, str]) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in env.get("PMIX_NAMESPACE", ""))
+
+
 def layout(env: Mapping[str, str]) -> Layout:
-    """This process's place in the job, from Open MPI's environment (docs.open-mpi.org: OMPI_COMM_WORLD_*)."""
+    """This process's place in the job, as MPI_Init of Open MPI 4.1 finds it.
+
+    - under ``mpirun``: Open MPI's OMPI_COMM_WORLD_* (docs.open-mpi.org, tuning-apps/environment-var);
+    - started by ``srun --mpi=pmix``: the PMIx server in slurmstepd gives each task PMIX_RANK and the step's
+      PMIX_NAMESPACE (``slurm.pmix.<job>.<step>``), Slurm the step's SLURM_STEP_NUM_TASKS and SLURM_LOCALID
+      (captured on Debian 12's Slurm, tests/fixtures/slurm/srun_pmix_env.txt);
+    - started by srun without PMIx (a job step, SLURM_STEP_ID set, no PMIX_RANK): Open MPI cannot initialise and
+      aborts (:data:`NO_PMI_LINES`)."""
     size = c_atoi(env.get("OMPI_COMM_WORLD_SIZE", "0"))
-    if size <= 0:
-        return Layout(0, 1, 0, "")
-    rank = c_atoi(env.get("OMPI_COMM_WORLD_RANK", "0"))
-    local = c_atoi(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
-    job = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in env.get("PMIX_NAMESPACE", ""))
-    return Layout(rank, size, local, job if size > 1 else "")
+    if size > 0:
+        rank = c_atoi(env.get("OMPI_COMM_WORLD_RANK", "0"))
+        local = c_atoi(env.get("OMPI_COMM_WORLD_LOCAL_RANK", "0"))
+        return Layout(rank, size, local, _job_name(env) if size > 1 else "")
+    if env.get("PMIX_RANK", "").strip() and env.get("PMIX_NAMESPACE", "").strip():
+        size = c_atoi(env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1") or 1
+        rank = c_atoi(env["PMIX_RANK"])
+        local = c_atoi(env.get("SLURM_LOCALID", "0"))
+        return Layout(rank, size, local, _job_name(env) if size > 1 else "")
+    if "SLURM_STEP_ID" in env:
+        raise DirectLaunchWithoutPmi
+    return Layout(0, 1, 0, "")
+
+
+# Open MPI 4.1's MPI_Init started by srun with no PMI: the ext3x client's error, the help text of
+# orte/mca/ess/... ("direct launched using srun"), then the MPI_Init abort (captures: Open MPI 4.1.4 under srun in
+# tdhock's "Installing Rmpi on the cluster", 4.1.6's pmix3x_client.c line 111 in HydraGNN scripts/dcc; Debian's
+# build uses the external PMIx, component ext3x).
+NO_PMI_LINES = (
+    "[{host}:{pid}] OPAL ERROR: Unreachable in file ext3x_client.c at line 111",
+    "--------------------------------------------------------------------------",
+    'The application appears to have been direct launched using "srun",',
+    "but OMPI was not built with SLURM's PMI support and therefore cannot",
+    "execute. There are several options for building PMI support under",
+    "SLURM, depending upon the SLURM version you are using:",
+    "",
+    "  version 16.05 or later: you can use SLURM's PMIx support. This",
+    "  requires that you configure and build SLURM --with-pmix.",
+    "",
+    "  Versions earlier than 16.05: you must use either SLURM's PMI-1 or",
+    "  PMI-2 support. SLURM builds PMI-1 by default, or you can manually",
+    "  install PMI-2. You must then build Open MPI using --with-pmi pointing",
+    "  to the SLURM PMI library location.",
+    "",
+    "Please configure as appropriate and try again.",
+    "--------------------------------------------------------------------------",
+    "*** An error occurred in MPI_Init",
+    "*** on a NULL communicator",
+    "*** MPI_ERRORS_ARE_FATAL (processes in this communicator will now abort,",
+    "***    and potentially your MPI job)",
+    "[{host}:{pid}] Local abort before MPI_INIT completed completed successfully, but am not able to aggregate "
+    "error messages, and not able to guarantee that all other processes were killed!",
+)
 
 
 def job_dir(root: str, job: str) -> str:
@@ -716,7 +769,11 @@ def run(argv: Sequence[str], env: dict[str, str], out: TextIO, err: TextIO) -> i
     """One process of the job; world rank 0 prints the table."""
     me = common.this_host()
     root = common.lab_root()
-    lay = layout(env)
+    try:
+        lay = layout(env)
+    except DirectLaunchWithoutPmi:
+        print("\n".join(NO_PMI_LINES).replace("{host}", me).replace("{pid}", str(os.getpid())), file=err)
+        return 1
     try:
         opts = parse_args(argv)
     except NcclFailure as failure:
