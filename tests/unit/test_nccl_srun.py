@@ -79,7 +79,8 @@ def test_auto_starts_each_partition_with_srun_and_the_spare_is_said_alone() -> N
 
 
 def test_two_spares_run_together_under_mpirun_and_explicit_mpirun_ignores_slurm() -> None:
-    text = SPEC.replace('"gpu[03-04]"}]', '"gpu03"}]').replace("spares: {nodes: gpu05}", 'spares: {nodes: "gpu[04-05]"}')
+    text = SPEC.replace('"gpu[03-04]"}]', '"gpu03"}]').replace("spares: {nodes: gpu05}",
+                                                               'spares: {nodes: "gpu[04-05]"}')
     run = Recorder(real_run)
     parts = {"gpu01": "gpu", "gpu02": "gpu", "gpu03": "big"}
     result = nccl.check_nccl(cluster(text), run, has_tool=everywhere, as_root=True, launch="auto", partitions=parts)

@@ -518,11 +518,13 @@ def test_nccl_busbw_is_read_at_the_largest_size_of_a_real_run() -> None:
 
 def test_nccl_counts_ranks_and_fails_when_they_are_not_nodes_times_gpus() -> None:
     real = load("nccl-tests", "a3mega_16rank_allreduce.txt")  # 2 nodes x 8 H100
-    ok = nccl.check_nccl(cluster_from(NCCL16), lambda h, a, e: Completed(0, real, ""), has_tool=lambda h, t: True, as_root=True)
+    ok = nccl.check_nccl(cluster_from(NCCL16), lambda h, a, e: Completed(0, real, ""), has_tool=lambda h, t: True,
+                         as_root=True)
     assert ok.passed and ok.measurements["nranks"] == 16
     # the same 16 ranks against 4 nodes x 2 GPUs: wrong job shape, even without a bandwidth floor
     loose = IB.replace("verify: {nccl: {min_busbw_gbps: 80}}", "")
-    bad = nccl.check_nccl(cluster_from(loose), lambda h, a, e: Completed(0, real, ""), has_tool=lambda h, t: True, as_root=True)
+    bad = nccl.check_nccl(cluster_from(loose), lambda h, a, e: Completed(0, real, ""), has_tool=lambda h, t: True,
+                          as_root=True)
     assert not bad.passed and bad.measurements["nranks"] == 16
     assert any(f.expected == 8 and f.observed == 16 and "ranks" in f.message for f in bad.findings)
     # an nccl-tests built without MPI under mpirun: one table per process, each its own rank 0
