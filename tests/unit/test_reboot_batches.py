@@ -38,8 +38,14 @@ def test_the_reboot_play_is_batched_and_stops_on_a_failed_batch() -> None:
     play = _reboot_play()
     assert play["serial"] == "{{ provisioner_reboot_serial | default(1) }}"
     assert play["max_fail_percentage"] == 0
-    role = play["tasks"][0]["ansible.builtin.include_role"]
-    assert role == {"name": "nvidia_driver", "tasks_from": "reboot.yml"}
+    roles = [t["ansible.builtin.include_role"] for t in play["tasks"]]
+    # a Slurm node is drained (and its jobs waited for) before the reboot and resumed after the driver check
+    assert roles == [{"name": "slurm", "tasks_from": "drain.yml"},
+                     {"name": "nvidia_driver", "tasks_from": "reboot.yml"},
+                     {"name": "slurm", "tasks_from": "resume.yml"}]
+    drain = play["tasks"][0]
+    assert drain["vars"]["slurm_drain_reason"] == "provision: reboot for NVIDIA driver {{ nvidia_driver_version }}"
+    assert all((REPO / "roles/slurm/tasks" / r["tasks_from"]).is_file() for r in roles if r["name"] == "slurm")
     plays = yaml.safe_load(GPU_STACK.read_text())
     # The role never reboots by itself: the only reboot is in this play, after the parallel install play.
     assert plays.index(play) == 1 and plays[0]["hosts"] == "all"
@@ -134,3 +140,45 @@ def test_provision_passes_the_batch_size_to_ansible(tmp_path: Path, examples_dir
     assert next(kw for n, _, kw in runner2.calls if n == "gpu_stack.yml")["extravars"] == {
         "provisioner_reboot_serial": 1}  # the command line's -e wins
     assert load_cluster(spec)[0].spec.reboot.allowed is True
+
+
+def test_the_drain_lets_a_node_without_slurm_reboot(tmp_path: Path) -> None:
+    """A fresh cluster: the driver reboots before the slurm phase ever ran, so the controller has no scontrol.
+
+    The slurm role's drain.yml, as shipped, on a local host whose controller (itself) has no Slurm: nothing is
+    drained, the host goes on (no slurmstepd runs here), and resume.yml resumes nothing. The drain against a real
+    slurmctld with a running job is molecule/slurm's (drain.yml there).
+    """
+    play = [{"name": "drain", "hosts": "n1", "gather_facts": False, "tasks": [
+        {"ansible.builtin.include_role": {"name": "slurm", "tasks_from": "drain.yml"},
+         "vars": {"slurm_drain_reason": "provision: reboot for NVIDIA driver 550.127.05"}},
+        {"ansible.builtin.include_role": {"name": "slurm", "tasks_from": "resume.yml"}},
+        {"name": "Report", "ansible.builtin.debug": {"msg": "{{ {'drained': slurm_drained_here,"
+                                                            " 'known': slurm_drain_known,"
+                                                            " 'unknown': slurm_drain_unknown} }}"}},
+    ]}]
+    (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
+    bare_path = tmp_path / "bin"   # the controller's PATH: python, pgrep, no Slurm
+    bare_path.mkdir()
+    inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
+                                  "slurm_enabled": True, "slurm_controller": "n1",
+                                  "slurm_nodes": [{"name": "n1", "address": "n1", "gpus": 8}]},
+                         "hosts": {"n1": {}}}}
+    (tmp_path / "hosts.yml").write_text(yaml.safe_dump(inventory))
+    (tmp_path / "ansible.cfg").write_text(f"[defaults]\nroles_path = {REPO / 'roles'}\n")
+    env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json",
+           "ANSIBLE_CONFIG": str(tmp_path / "ansible.cfg"),
+           "ANSIBLE_LOCAL_TEMP": str(tmp_path / "tmp"), "ANSIBLE_HOME": str(tmp_path / "home"),
+           "PATH": f"{bare_path}:/usr/bin:/bin"}
+    assert not any((Path(d) / "scontrol").exists() for d in env["PATH"].split(":")), "this machine has scontrol"
+    done = subprocess.run([str(ANSIBLE_PLAYBOOK), "-i", str(tmp_path / "hosts.yml"), str(tmp_path / "play.yml")],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    tasks = json.loads(done.stdout)["plays"][0]["tasks"]
+    report = next(t for t in tasks if t["task"]["name"] == "Report")["hosts"]["n1"]["msg"]
+    assert report == {"drained": False, "known": False, "unknown": False}
+    names = {t["task"]["name"].removeprefix("slurm : "): t["hosts"]["n1"] for t in tasks}
+    assert "Drain the node" in names and names["Drain the node"].get("skipped") is True
+    assert names["Go on without Slurm only where no job step runs"]["msg"].startswith(
+        "no Slurm drain for n1: slurmctld on n1 did not answer (")
+    assert names["Resume the node this run drained"].get("skipped") is True
