@@ -438,6 +438,9 @@ def verify_cmd(
     nccl_launcher: Annotated[str, typer.Option(
         "--nccl-launcher", help="How the NCCL check starts: auto (srun for nodes in a Slurm partition, mpirun for "
         "the rest), srun, or mpirun (over SSH, also on nodes Slurm gave to jobs).")] = "auto",
+    include_busy: Annotated[bool, typer.Option(
+        "--include-busy", help="Also send bandwidth, GPUDirect and NCCL traffic to nodes running Slurm jobs (by "
+        "default they are left out and reported as not run, naming the jobs).")] = False,
     out_dir: StateDirOpt = None,
 ) -> None:
     """Prove the fabric against the spec: the checks below, or those --only names.
@@ -462,6 +465,7 @@ def verify_cmd(
     _print_diagnostics(warnings)
     with run_lock(state_dir_for(cluster.name, out_dir), command="provision verify"):  # not during a run
         run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir, nccl_launcher=nccl_launcher,
+                     include_busy=include_busy,
                      progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
     if junit:
         junit.write_text(to_junit(run.report), encoding="utf-8")

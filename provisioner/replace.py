@@ -366,13 +366,15 @@ def verify_node(cluster: Cluster, node: str, peers: Sequence[str], directory: Pa
     from provisioner.verify import verify, write_reports
 
     main, side = verify_tests(cluster, node, peers)
+    # as in a rolling batch: the node is out of service (srun cannot start there) and needs its peers measured
+    # even while they run jobs
     run = verify(subset(cluster, [node, *peers]), tests=main, mode="full", remote=remote,
-                 state_dir=directory, write=False, progress=progress)
+                 state_dir=directory, write=False, progress=progress, nccl_launcher="mpirun", include_busy=True)
     report = run.report
     checks = list(report.checks)
     if side:
         extra = verify(subset(cluster, [node, peers[0]]), tests=side, remote=remote, state_dir=directory,
-                       write=False, progress=progress)
+                       write=False, progress=progress, include_busy=True)
         checks += extra.report.checks
     merged = replace(report, checks=tuple(checks), finished=datetime.now(UTC))
     write_reports(merged, directory, run.inventory)

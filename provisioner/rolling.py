@@ -188,14 +188,15 @@ def verify_batch(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], d
     if sms:
         tests.append("sm")
         names += [n for n in sm_nodes(cluster) if n not in names]
-    # mpirun, not srun: the batch is drained (or a spare in no partition), where Slurm starts no job step
+    # mpirun, not srun: the batch is drained (or a spare in no partition), where Slurm starts no job step; its
+    # peers are measured even while they run jobs (the batch cannot be proven without one)
     run = verify(subset(cluster, names), tests=tests, mode="full", remote=remote, state_dir=directory,
-                 write=False, progress=progress, nccl_launcher="mpirun")
+                 write=False, progress=progress, nccl_launcher="mpirun", include_busy=True)
     checks = list(run.report.checks)
     if gpu and peers and "gpudirect" in wanted:
         for node in gpu:
             extra = verify(subset(cluster, [node, peers[0]]), tests=["gpudirect"], remote=remote,
-                           state_dir=directory, write=False, progress=progress)
+                           state_dir=directory, write=False, progress=progress, include_busy=True)
             checks += extra.report.checks
     merged = replace(run.report, checks=tuple(checks), finished=datetime.now(UTC))
     write_reports(merged, directory, run.inventory)

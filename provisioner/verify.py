@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from provisioner.drift import peer_groups
-from provisioner.errors import ParseError
+from provisioner.errors import ParseError, RemoteError
 from provisioner.fabric import (
     bandwidth,
     baseline,
@@ -48,7 +48,9 @@ from provisioner.fabric.sm import SmInfo, sminfo_result
 from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluster
 from provisioner.report import VerifyReport, fabric_picture, to_html, to_json, to_junit
+from provisioner.slurm.ctl import SlurmCtl, SlurmError
 from provisioner.slurm.membership import current as current_membership
+from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.state import state_dir_for, symlink_atomic, write_text_atomic
 
@@ -107,6 +109,8 @@ class _Verifier:
                  nccl_launch: str = "mpirun", partitions: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
         self.nccl_launch = nccl_launch
+        self.busy: dict[str, str] = {}
+        """Nodes running Slurm jobs -> why no traffic is sent to them (:meth:`find_busy`)."""
         self.partitions = dict(partitions or {})
         """node -> the Slurm partition it serves in now (the NCCL check starts those with srun)."""
         self.remote = reach.ReachableRemote(remote)
@@ -141,8 +145,33 @@ class _Verifier:
         return self.remote.lost
 
     def reachable(self) -> Cluster:
-        """The cluster without the lost nodes: what the pairwise checks run over."""
+        """The cluster without the lost nodes."""
         return reach.reachable(self.cluster, self.lost)
+
+    def traffic(self) -> Cluster:
+        """What the checks that send traffic (bandwidth, GPUDirect, NCCL) run over: the reachable nodes minus those
+        running Slurm jobs (:meth:`find_busy`)."""
+        return reach.reachable(self.cluster, {**self.busy, **self.lost})
+
+    def find_busy(self, nodes: Sequence[str]) -> None:
+        """Ask slurmctld which of ``nodes`` run jobs now: a measurement there would compete with the job (and blame
+        the fabric for the job's traffic) and slow the job down. Slurm not answering is said, and measured anyway."""
+        slurm = self.cluster.spec.slurm
+        if slurm is None or not nodes:
+            return
+        try:
+            held = SlurmCtl(self.remote, slurm.controller).busy_nodes(nodes)
+        except (SlurmError, RemoteError) as exc:
+            note = f"could not ask Slurm which nodes run jobs ({exc}); the traffic checks measured every node"
+            self.notes.append(note)
+            self.progress(f"slurm: {note}")
+            return
+        for node, jobs in sorted(held.items()):
+            what = f"job {', '.join(jobs)}" if jobs else "a completing job"
+            self.busy[node] = (f"Slurm runs {what} on {node}: a measurement there would compete with it and slow "
+                               "it down; drain the node and let its jobs end, or `provision verify --include-busy`")
+        if self.busy:
+            self.progress(f"slurm: {hostlist.compress(list(self.busy))} run jobs: no traffic is sent to them")
 
     def on_all(self, argv: Sequence[str], nodes: Sequence[str] | None = None) -> dict[str, Completed]:
         """``argv`` on every node that can be reached (or on those of ``nodes``); lost nodes are left out."""
@@ -278,7 +307,7 @@ class _Verifier:
         would otherwise be pinned on its ports and on its peers')."""
         while True:
             before = set(self.lost)
-            out = check(self.reachable())
+            out = check(self.traffic())
             if set(self.lost) == before:
                 return out
             gone = ", ".join(sorted(set(self.lost) - before))
@@ -326,8 +355,8 @@ class _Verifier:
 
     def nccl(self) -> None:
         every = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
-        cluster = self.reachable()
-        gpu_nodes = [n for n in every if n not in self.lost]
+        cluster = self.traffic()
+        gpu_nodes = [n for n in every if n not in self.lost and n not in self.busy]
         if not gpu_nodes:
             self.checks.append(reach.unless_lost(CheckResult.could_not_run(nccl.CHECK, None, "no GPU compute nodes"),
                                                  every, self.lost))
@@ -479,6 +508,9 @@ class _Verifier:
         self.checks += storage.check_storage(self.cluster, self.remote)
 
 
+TRAFFIC_CHECKS = ("bandwidth", "gpudirect", "nccl")
+"""Checks that load the fabric and the GPUs: kept off nodes running Slurm jobs (:meth:`_Verifier.find_busy`)."""
+
 _RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
     "links": lambda v, _mode: v.links(),
     "versions": lambda v, _mode: v.versions_check(),
@@ -521,11 +553,14 @@ def verify(
     now: Callable[[], datetime] = lambda: datetime.now(UTC),
     server_grace_s: float = 0.5,
     nccl_launcher: str = "auto",
+    include_busy: bool = False,
 ) -> VerifyRun:
     """Run the selected checks and write the reports; see the module docstring.
 
     ``nccl_launcher`` (:data:`provisioner.fabric.nccl.LAUNCHES`): ``auto`` starts the NCCL check with srun on the
-    nodes Slurm serves in a partition now (the spec's membership with the recorded failovers applied)."""
+    nodes Slurm serves in a partition now (the spec's membership with the recorded failovers applied). Where Slurm
+    runs, no traffic check (:data:`TRAFFIC_CHECKS`) sends anything to a node running a job unless ``include_busy``:
+    those results could not run there, naming the jobs."""
     chosen = select_tests(cluster, tests)
     # a check asked for by name with nothing to check in this spec (sm on RoCE, storage without mounts) could not
     # run; so could each one the spec lists when dropping them leaves a run without --only nothing to check
@@ -536,14 +571,19 @@ def verify(
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
     partitions: dict[str, str] = {}
-    if cluster.spec.slurm is not None and nccl_launcher != "mpirun" and "nccl" in chosen:
+    traffic = [name for name in chosen if name in TRAFFIC_CHECKS and name not in lacking]
+    if cluster.spec.slurm is not None and traffic:
         serving = current_membership(cluster, state_dir_for(cluster.name, state_dir))
         partitions = {n: parts[0] for n in serving.in_partitions if (parts := serving.partitions_of(n))}
-    v = _Verifier(cluster, rem, progress, server_grace_s, nccl_launcher, partitions)
+    v = _Verifier(cluster, rem, progress, server_grace_s, nccl_launcher,
+                  partitions if nccl_launcher != "mpirun" else {})
     try:
         if any(c.every_node for c in steps):  # sm and cabling ask one node that answers; the rest every node
             progress("ssh: every node answers (a node that does not is reported once and left out)")
             v.reach()
+        if partitions and not include_busy:
+            progress("slurm: which nodes run jobs (no traffic is sent to them)")
+            v.find_busy([n for n in partitions if n not in v.lost])
         for check in (registry.BY_NAME[name] for name in chosen or lacking):  # both in run order
             if check.name in lacking:
                 v.checks.append(CheckResult.could_not_run(check.results[0], None, lacking[check.name]))
@@ -558,6 +598,9 @@ def verify(
     finally:
         if own and isinstance(rem, SshRemote):
             rem.close()
+    for name in traffic:  # what was not measured on a node running jobs: could not run there, with the jobs
+        v.checks += [CheckResult.could_not_run(registry.BY_NAME[name].results[0], node, why)
+                     for node, why in sorted(v.busy.items())]
     finished = now()
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     root = state_dir_for(cluster.name, state_dir) / "verify"

@@ -7,7 +7,8 @@ The tests share one lab and one state directory and run in file order:
 
 1. a fresh lab converges with the slurm phase (exit 0): gpu01-02 idle in the partition, the spare gpu03
    registered with slurmctld and in no partition; its verification ran NCCL as an srun step over the partition
-   (and with a job holding gpu01, `verify --only nccl` could not run, with Slurm's reason, the job untouched);
+   with a job holding gpu01, verification sends it no traffic (its results could not run, naming the job), and
+   `--include-busy` finds srun refusing the busy node, the job untouched either way;
 2. the driver pin moves to the lab's newer release and ``--rolling --batch 1`` runs with a job sleeping on gpu01
    and gpu01's mlx5_1 link trained at 2X: the spare's batch passes; gpu01's batch drains it, waits for the job to
    end (the job completes, it is not killed), converges, fails verification and stops there, gpu01 drained with
@@ -137,7 +138,8 @@ def test_verify_starts_nccl_with_srun_and_a_busy_node_leaves_it_unproven(
         lab: Lab, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The fresh run's verification started the all-reduce the way jobs start: an srun step over the partition's
     nodes (Debian's PMIx plugin, real slurmctld); the spare, in no partition, is said alone. A node running a job
-    then makes the check could-not-run with Slurm's reason, and the job is left running."""
+    then gets no traffic (could not run, naming the job); with --include-busy, srun refuses it (Slurm's words); the
+    job is left running."""
     report = json.loads((lab.state / "verify" / "latest" / "report.json").read_text(encoding="utf-8"))
     check = next(c for c in report["checks"] if c["name"] == "nccl")
     assert check["passed"] and check["error"] is None, check
@@ -152,8 +154,14 @@ def test_verify_starts_nccl_with_srun_and_a_busy_node_leaves_it_unproven(
 
     held = submit("gpu01", "sleep 600")
     monkeypatch.setattr(nccl, "SRUN_WAIT_S", 5)
-    rc, out = provision(lab, capsys, "verify", "--only", "nccl")
     try:
+        # slurmctld says gpu01 runs the job: no traffic goes there, its results could not run, naming the job
+        rc, out = provision(lab, capsys, "verify", "--only", "bandwidth,nccl")
+        assert rc == 2, out[-3000:]
+        assert re.search(rf"^NOT RUN (bandwidth|nccl) gpu01: Slurm runs job {held} on gpu01", out, re.M), out[-3000:]
+        assert "Requested nodes are busy" not in out, out[-3000:]  # srun was never asked for gpu01
+        # --include-busy sends it anyway: srun's exclusive step cannot get gpu01 and says so; nothing is blamed
+        rc, out = provision(lab, capsys, "verify", "--only", "nccl", "--include-busy")
         assert rc == 2, out[-3000:]
         assert "Requested nodes are busy" in out and "--nccl-launcher mpirun" in out, out[-3000:]
         assert job(held)["JobState"] == "RUNNING", job(held)  # verification did not touch the job
