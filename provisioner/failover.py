@@ -36,7 +36,7 @@ from provisioner.health import NodeHealth, check_nodes
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
-from provisioner.rolling import batch_failures, pick_batch_peers, verify_batch
+from provisioner.rolling import batch_failures, busy_peers, pick_batch_peers, verify_batch
 from provisioner.slurm.ctl import SlurmCtl
 from provisioner.slurm.membership import Membership, current, record_swap
 from provisioner.spec.cluster import Cluster
@@ -210,7 +210,8 @@ class Failover:
         health = check_nodes(self.cluster, self.remote, [spare])[spare]
         if not health.ok:
             return f"health: {health.summary()}"
-        peers = pick_batch_peers(self.cluster, [spare], [], unhealthy, self.peers)
+        peers = pick_batch_peers(self.cluster, [spare], [], unhealthy, self.peers,
+                                 busy_peers(self.ctl, self.cluster, [spare], self.progress))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         directory = self.state_dir / FAILOVER_DIR / f"{stamp}-{result.node}" / f"verify-{spare}"
         self.progress(f"verify spare {spare} against {', '.join(peers) or 'no peer'}")

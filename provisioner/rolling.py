@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
@@ -35,7 +35,8 @@ from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.plan import Batch, Plan
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
-from provisioner.slurm.ctl import SlurmCtl, reason_text
+from provisioner.slurm.ctl import SlurmCtl, SlurmError, reason_text
+from provisioner.slurm.membership import spec_membership
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
 from provisioner.state import new_run_id, state_dir_for, utcnow, write_json_atomic
@@ -152,9 +153,10 @@ def batch_failures(report: VerifyReport, nodes: Sequence[str]) -> list[str]:
 
 
 def pick_batch_peers(cluster: Cluster, batch: Sequence[str], done: Sequence[str], unhealthy: set[str],
-                     count: int = DEFAULT_PEERS) -> list[str]:
-    """Healthy GPU compute peers sharing a rail with the batch: from finished batches first, then the others,
-    more than ``count`` only to cover a rail; none for a batch without GPU compute nodes."""
+                     count: int = DEFAULT_PEERS, busy: Collection[str] = ()) -> list[str]:
+    """Healthy GPU compute peers sharing a rail with the batch: idle ones before those running Slurm jobs
+    (``busy``: a job's traffic would slow the measurement and the measurement the job), from finished batches
+    first, then the others, more than ``count`` only to cover a rail; none for a batch without GPU compute nodes."""
     me = [cluster.node(n) for n in batch]
     if not any(n.gpu_count and "compute" in n.roles for n in me):
         return []
@@ -162,7 +164,7 @@ def pick_batch_peers(cluster: Cluster, batch: Sequence[str], done: Sequence[str]
     order = {n: 0 for n in done}
     pool = [n for n in cluster.nodes if n.name not in batch and n.name not in unhealthy and n.gpu_count
             and "compute" in n.roles and rails & {p.rail for p in n.rail_ports}]
-    pool.sort(key=lambda n: order.get(n.name, 1))
+    pool.sort(key=lambda n: (n.name in busy, order.get(n.name, 1)))
     chosen = pool[:max(0, count)]
     for rail in sorted(rails):
         if not any(rail in {p.rail for p in n.rail_ports} for n in chosen):
@@ -170,6 +172,24 @@ def pick_batch_peers(cluster: Cluster, batch: Sequence[str], done: Sequence[str]
             if extra is not None:
                 chosen.append(extra)
     return [n.name for n in chosen]
+
+
+def busy_peers(ctl: SlurmCtl | None, cluster: Cluster, batch: Sequence[str], progress: Progress) -> set[str]:
+    """The GPU compute nodes outside ``batch`` that run Slurm jobs now (none without Slurm, or when slurmctld does
+    not answer: said, and peers are then picked as if all were idle)."""
+    if ctl is None:
+        return set()
+    spec = spec_membership(cluster)
+    slurm_nodes = set(spec.in_partitions) | set(spec.spares)  # every NodeName slurm.conf defines
+    others = [n.name for n in cluster.nodes if n.name not in batch and n.name in slurm_nodes and n.gpu_count
+              and "compute" in n.roles]
+    if not others:
+        return set()
+    try:
+        return set(ctl.busy_nodes(others))
+    except SlurmError as exc:
+        progress(f"could not ask Slurm which peers run jobs ({exc}); picking peers without it")
+        return set()
 
 
 def verify_batch(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], directory: Path, progress: Progress,
@@ -306,7 +326,8 @@ class Rolling:
         # 3. verify against healthy peers
         b.status = "verifying"
         done = [n for x in self.journal.batches if x.status == "done" for n in x.nodes]
-        b.peers = pick_batch_peers(self.cluster, b.nodes, done, self.unhealthy, self.peers)
+        b.peers = pick_batch_peers(self.cluster, b.nodes, done, self.unhealthy, self.peers,
+                                   busy_peers(self.ctl, self.cluster, b.nodes, self.progress))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         directory = self.state_dir / ROLLING_DIR / rid / f"batch{b.index}-{stamp}"
         b.verify_dir = str(directory)

@@ -22,13 +22,14 @@ from provisioner.report import VerifyReport
 from provisioner.rolling import (
     Rolling,
     batch_failures,
+    busy_peers,
     load_last,
     new_journal,
     pick_batch_peers,
     resume_command,
     summary_lines,
 )
-from provisioner.slurm.ctl import NodeState
+from provisioner.slurm.ctl import NodeState, SlurmError
 from provisioner.slurm.membership import spec_membership
 from provisioner.spec.cluster import Cluster
 from tests.unit.test_plan import LAB, _cluster, fleet
@@ -55,6 +56,9 @@ class FakeCtl:
 
     def nodes(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         return {n: self.states.get(n, NodeState(n, "IDLE")) for n in nodes}
+
+    def busy_nodes(self, nodes: Sequence[str]) -> dict[str, list[str]]:
+        return {n: self.jobs[n] for n in nodes if self.jobs.get(n)}
 
     def wait_idle(self, nodes: Sequence[str], max_wait_s: float, poll_s: float = 2.0,
                   progress: Callable[[str], None] = lambda _m: None) -> dict[str, list[str]]:
@@ -214,6 +218,24 @@ def test_peers_share_a_rail_prefer_finished_batches_and_skip_unhealthy(driver_ch
     assert pick_batch_peers(c, ["gpu01"], ["gpu03"], set(), 1) == ["gpu03"]
     assert pick_batch_peers(c, ["gpu01"], [], {"gpu02"}) == ["gpu03"]
     assert pick_batch_peers(c, ["sm1"], [], set()) == []
+    # a peer running a Slurm job comes last: its job would slow the measurement and the measurement the job
+    assert pick_batch_peers(c, ["gpu01"], ["gpu03"], set(), 1, busy={"gpu03"}) == ["gpu02"]
+    assert pick_batch_peers(c, ["gpu01"], [], set(), 1, busy={"gpu02", "gpu03"}) == ["gpu02"]  # all busy: still one
+
+
+def test_busy_peers_asks_slurm_about_the_other_gpu_nodes_and_says_when_it_cannot(driver_change: Harness) -> None:
+    c = driver_change.cluster
+    said: list[str] = []
+    ctl = FakeCtl(log=[], jobs={"gpu03": ["7"], "gpu01": ["8"]})
+    assert busy_peers(ctl, c, ["gpu01"], said.append) == {"gpu03"}  # type: ignore[arg-type]
+    assert busy_peers(None, c, ["gpu01"], said.append) == set() and said == []
+
+    class Down(FakeCtl):
+        def busy_nodes(self, nodes: Sequence[str]) -> dict[str, list[str]]:
+            raise SlurmError("squeue on sm1 failed: Unable to contact slurm controller (connect failure)")
+
+    assert busy_peers(Down(log=[]), c, ["gpu01"], said.append) == set()  # type: ignore[arg-type]
+    assert said and "could not ask Slurm which peers run jobs" in said[0] and "connect failure" in said[0]
 
 
 def test_resume_command_carries_the_state_dir_and_the_overlay(driver_change: Harness) -> None:
