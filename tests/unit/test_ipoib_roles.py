@@ -123,3 +123,62 @@ def test_netplan_file_is_valid_yaml_with_infiniband_mode() -> None:
     simulated = yaml.safe_load(_render("netplan.yaml.j2", simulated=True))["network"]["ethernets"]["ibp23s0"]
     assert "infiniband-mode" not in simulated
     assert simulated == {k: v for k, v in eth.items() if k != "infiniband-mode"}
+
+
+# ---------------------------------------------------------------- the files the role owns, and its stale ones
+NET = "/etc/systemd/network"
+NETPLAN = "/etc/netplan/60-provisioner-ipoib.yaml"
+UDEV = "/etc/udev/rules.d/60-provisioner-ipoib-mode.rules"
+PREFIX = "60-provisioner-ipoib"
+DROPIN = f"{NET}/10-netplan-ibp23s0.network.d/{PREFIX}.conf"
+
+
+def _owned(plan: list[dict[str, Any]], backend: str, simulated: bool = False) -> list[str]:
+    return list(IPOIB.owned_files(plan, backend, simulated, PREFIX, NET, NETPLAN, UDEV))
+
+
+def _stale(found: list[str], owned: list[str]) -> list[str]:
+    return list(IPOIB.stale_files(found, owned, PREFIX, NET, NETPLAN, UDEV))
+
+
+def test_owned_files_are_what_each_backend_writes() -> None:
+    assert _owned([PARENT, CHILD], "networkd") == [
+        f"{NET}/{PREFIX}-ibp23s0.network", f"{NET}/{PREFIX}-ibp23s0.8001.network",
+        f"{NET}/{PREFIX}-ibp23s0.8001.netdev", UDEV]
+    assert _owned([PARENT, CHILD], "netplan") == [
+        NETPLAN, f"{NET}/{PREFIX}-ibp23s0.8001.network", f"{NET}/{PREFIX}-ibp23s0.8001.netdev", DROPIN, UDEV]
+    # a parent without children gets no drop-in; simulated links get no .netdev, drop-in or mode rule
+    assert _owned([PARENT], "netplan") == [NETPLAN, UDEV]
+    assert _owned([PARENT, CHILD], "netplan", simulated=True) == [NETPLAN, f"{NET}/{PREFIX}-ibp23s0.8001.network"]
+    assert _owned([], "netplan") == [] and _owned([], "networkd") == []
+
+
+def test_nothing_planned_makes_every_file_of_the_role_stale() -> None:
+    written = [*_owned([PARENT, CHILD], "netplan"), f"{NET}/{PREFIX}-ibp23s0.network"]
+    assert _stale(written, _owned([], "networkd")) == written
+
+
+def test_a_backend_switch_leaves_the_other_backends_files_stale() -> None:
+    netplan = _owned([PARENT, CHILD], "netplan")
+    networkd = _owned([PARENT, CHILD], "networkd")
+    assert _stale(netplan, networkd) == [NETPLAN, DROPIN]
+    assert _stale(networkd, netplan) == [f"{NET}/{PREFIX}-ibp23s0.network"]
+
+
+def test_drop_ins_of_parents_without_children_are_stale() -> None:
+    other = f"{NET}/10-netplan-ibp41s0.network.d/{PREFIX}.conf"
+    assert _stale([DROPIN, other], _owned([PARENT, CHILD], "netplan")) == [other]
+    assert _stale([DROPIN, other], _owned([PARENT], "netplan")) == [DROPIN, other]
+
+
+def test_files_that_are_not_the_roles_are_never_stale() -> None:
+    foreign = [
+        f"{NET}/70-site.network.d/{PREFIX}.conf",              # the role's drop-in name on another file
+        f"{NET}/10-netplan-ibp23s0.network.d/50-site.conf",    # another drop-in beside the role's
+        f"{NET}/site/{PREFIX}-ibp23s0.network",                # the role's name in a subdirectory
+        f"{NET}/{PREFIX}.network", f"{NET}/{PREFIX}-ibp23s0.link",
+        "/etc/netplan/50-cloud-init.yaml", f"{NET}/10-netplan-ibp23s0.network",
+    ]
+    assert _stale(foreign, []) == []
+    # trailing slashes and duplicates from find do not change the answer
+    assert IPOIB.stale_files([DROPIN, DROPIN], [], PREFIX, NET + "/", NETPLAN, UDEV) == [DROPIN]

@@ -4,10 +4,14 @@ Why a filter and not regexes in YAML: the role reconfigures an interface only wh
 the plan, and reports exactly what differs; the same reading is unit-tested on a real captured IPoIB interface
 (tests/fixtures/ip-addr). The layout is iproute2's default text (one ``N: name[@link]: <FLAGS> mtu M ... state S``
 line per interface, then ``link/<type>`` and ``inet A/P`` lines), which Debian and Ubuntu print alike.
+
+The files the role owns for a plan, and which of the files found on a node are its own stale ones, are filters too:
+the role removes exactly what it wrote and no longer needs, and the unit tests pin that down per backend.
 """
 
 from __future__ import annotations
 
+import posixpath
 import re
 from typing import Any
 
@@ -79,6 +83,57 @@ def not_infiniband(state: dict[str, dict[str, Any]], names: list[str]) -> list[s
     return [n for n in names if n in state and state[n]["link_type"] != "infiniband"]
 
 
+def owned_files(plan: list[dict[str, Any]], backend: str, simulated: bool, prefix: str, networkd_dir: str,
+                netplan_file: str, udev_rule: str) -> list[str]:
+    """The paths the role writes for ``plan`` on ``backend`` (what networkd.yml / netplan.yml and mode.yml write).
+
+    networkd: a .network per interface; netplan: the netplan file of the ports and a .network per P_Key child. Both:
+    a .netdev per child, a drop-in on netplan's 10-netplan-<parent>.network per parent with children (netplan only)
+    and the mode udev rule, none of them for simulated links. No interface planned: nothing.
+    """
+    if not plan:
+        return []
+    children = [i for i in plan if i.get("parent")]
+    base = networkd_dir.rstrip("/") or "/"
+    out: list[str] = []
+    if backend == "netplan":
+        out.append(netplan_file)
+        out += [f"{base}/{prefix}-{i['name']}.network" for i in children]
+    else:
+        out += [f"{base}/{prefix}-{i['name']}.network" for i in plan]
+    if not simulated:
+        out += [f"{base}/{prefix}-{i['name']}.netdev" for i in children]
+        if backend == "netplan":
+            parents = list(dict.fromkeys(str(i["parent"]) for i in children))
+            out += [f"{base}/10-netplan-{p}.network.d/{prefix}.conf" for p in parents]
+        out.append(udev_rule)
+    return out
+
+
+def stale_files(found: list[str], owned: list[str], prefix: str, networkd_dir: str, netplan_file: str,
+                udev_rule: str) -> list[str]:
+    """The paths among ``found`` that the role writes (its own names, in their own places) and no longer owns.
+
+    A path elsewhere (another drop-in directory, a subdirectory, a look-alike name) is never returned, whatever
+    ``found`` holds: the role removes only what it wrote.
+    """
+    base = posixpath.normpath(networkd_dir)
+    own = re.compile(rf"{re.escape(prefix)}-[^/]+\.(network|netdev)")
+    dropin_dir = re.compile(r"10-netplan-[^/]+\.network\.d")
+    keep = {posixpath.normpath(p) for p in owned}
+    out: list[str] = []
+    for path in found:
+        norm = posixpath.normpath(path)
+        head, name = posixpath.split(norm)
+        ours = (norm in (posixpath.normpath(netplan_file), posixpath.normpath(udev_rule))
+                or (head == base and own.fullmatch(name) is not None)
+                or (posixpath.dirname(head) == base and dropin_dir.fullmatch(posixpath.basename(head)) is not None
+                    and name == f"{prefix}.conf"))
+        if ours and norm not in keep and norm not in out:
+            out.append(norm)
+    return out
+
+
 class FilterModule:
     """Ansible entry point."""
 
@@ -87,4 +142,6 @@ class FilterModule:
             "ipoib_addr_state": ip_addr_state,
             "ipoib_problems": problems,
             "ipoib_not_infiniband": not_infiniband,
+            "ipoib_owned_files": owned_files,
+            "ipoib_stale_files": stale_files,
         }
