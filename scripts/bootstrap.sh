@@ -36,13 +36,20 @@ if [[ ! -x .venv/bin/python ]]; then
   "$py" -m venv .venv
 fi
 stamp=.venv/.provisioner-stamp
-want=$(cat requirements/dev.txt pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(cat requirements/lock.txt pyproject.toml | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  log "pip install (pinned tools + provisioner, editable)"
-  .venv/bin/python -m pip install -q --disable-pip-version-check --upgrade 'pip>=24' 2>&1 | grep -v '^WARNING: Location' || true
-  .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements/dev.txt -e . 2>&1 \
-    | grep -v '^WARNING: Location' || true
-  .venv/bin/python -c 'import provisioner, ansible_runner, paramiko, netmiko' || { log "pip install failed"; exit 2; }
+  # Every package from the lock, each checked against its recorded hashes (pip refuses anything unpinned or
+  # unhashed), then the package itself in editable mode without resolving anything again: what CI and every
+  # developer run is exactly requirements/lock.txt, whatever the package index serves today.
+  log "pip install --require-hashes -r requirements/lock.txt, then provisioner (editable)"
+  pip() {  # pip without its find-links noise; fails when pip fails
+    .venv/bin/python -m pip --disable-pip-version-check -q "$@" 2>&1 | { grep -v '^WARNING: Location' || true; }
+    return "${PIPESTATUS[0]}"
+  }
+  pip install --require-hashes --no-deps -r requirements/lock.txt || { log "pip install of the lock failed"; exit 2; }
+  pip install --no-deps --no-build-isolation -e . || { log "pip install -e . failed"; exit 2; }
+  (cd / && "$OLDPWD/.venv/bin/python" -c 'import provisioner, ansible_runner, paramiko, netmiko') \
+    || { log "the installed environment does not import"; exit 2; }
   echo "$want" >"$stamp"
 fi
 log "ready: .venv"
