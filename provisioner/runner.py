@@ -31,6 +31,7 @@ import yaml
 from provisioner import interrupt
 from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
+from provisioner.quiet_warnings import pythonwarnings
 
 REDACTED = "********"
 MIN_SECRET_LEN = 4  # shorter values would shred the artifacts when scrubbed; vault files hold real secrets
@@ -461,6 +462,7 @@ def run_playbook(
         "ANSIBLE_HOST_KEY_CHECKING": "True",  # ansible-runner defaults it to False when unset
         "ANSIBLE_ROLES_PATH": str(roles_path),
         "ANSIBLE_FORCE_COLOR": "False",
+        "PYTHONWARNINGS": pythonwarnings(os.environ),  # no third-party deprecation noise in the run's output
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]),
         **collections_path_env(os.environ),
     }

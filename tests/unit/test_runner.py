@@ -8,6 +8,9 @@ unreachable (SSH to 127.0.0.1 port 1, refused), and a planted secret from a vars
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ import pytest
 
 from provisioner.collection import ContentMissing
 from provisioner.errors import UsageError
+from provisioner.quiet_warnings import pythonwarnings
 from provisioner.runner import (
     REDACTED,
     PlaybookResult,
@@ -127,6 +131,34 @@ def test_no_artifact_holds_the_secret(run: tuple[PlaybookResult, list[dict[str, 
     stdout = (result.artifact_dir / "stdout").read_text()
     assert f"leaked {REDACTED}" in stdout  # the leak happened and was scrubbed, not skipped
     assert not (result.artifact_dir.parent.parent / "env").exists()  # suppress_env_files
+
+
+def test_third_party_deprecation_warnings_stay_out_of_the_run_output(
+        run: tuple[PlaybookResult, list[dict[str, Any]]]) -> None:
+    """cryptography 51 warns on the DSA import ansible-core makes at every start; the run's output shows the play
+    and its real failures, not that (nor the environment's path, which the warning carried)."""
+    result, _ = run
+    assert result.artifact_dir is not None
+    stdout = (result.artifact_dir / "stdout").read_text()
+    assert "beta is broken on purpose" in stdout and "PLAY RECAP" in stdout
+    assert "Warning:" not in stdout and "DSA is deprecated" not in stdout and "site-packages" not in stdout
+
+
+def test_the_warning_filter_is_narrow(tmp_path: Path) -> None:
+    """The filter quiets the one import site it names: the same warning from any other module still shows, and an
+    operator's PYTHONWARNINGS comes last, so PYTHONWARNINGS=default shows everything again."""
+    env = {**os.environ, "PYTHONWARNINGS": pythonwarnings({})}
+    code = ("import warnings, cryptography.utils as u\n"
+            "import ansible._internal._ssh._ssh_agent\n"
+            "warnings.warn('elsewhere', u.CryptographyDeprecationWarning)\n")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                          cwd=tmp_path)
+    assert "DSA is deprecated" not in done.stderr
+    assert "CryptographyDeprecationWarning: elsewhere" in done.stderr
+    env["PYTHONWARNINGS"] = pythonwarnings({"PYTHONWARNINGS": "default"})
+    mine = subprocess.run([sys.executable, "-c", "import ansible._internal._ssh._ssh_agent"], env=env,
+                          capture_output=True, text=True, check=True, cwd=tmp_path)
+    assert "DSA is deprecated" in mine.stderr  # the lock's cryptography warns there: the operator's `default` won
 
 
 def test_recorded_command_has_paths_not_values(run: tuple[PlaybookResult, list[dict[str, Any]]],
