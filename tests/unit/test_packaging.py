@@ -1,9 +1,10 @@
 """The wheel is the product: built from the checkout, installed into a fresh virtualenv and run from another
 directory, `provision` finds its playbooks and roles inside the installed package, never in the checkout.
 
-Offline and about half a minute: the wheel is built with hatchling (pinned in requirements/dev.txt) without build
-isolation; the fresh virtualenv gets only the wheel (pip --no-deps --no-index) and reaches the dependencies through
-a .pth line naming this environment's site-packages; ansible-core's commands are written for it from ansible-core's
+Offline and about half a minute: the wheel is built with hatchling (pinned in requirements/lock.txt) without build
+isolation; the fresh virtualenv gets its dependencies as hard links of this environment's installed packages (the
+locked set, without the checkout's editable provisioner) and then only the wheel (pip --no-deps --no-index), so
+nothing of the checkout is on its sys.path or PATH; ansible-core's commands are written for it from ansible-core's
 own entry points, as pip would. The run goes to 127.0.0.x port 1 (refused at once): loopback only.
 """
 
@@ -14,6 +15,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -27,7 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 PHASE_ROLES = ("preflight", "vendor_repos", "doca_ofed", "nvidia_driver", "opensm", "nfs_server", "slurm")
 
 NEEDS_BUILD = pytest.mark.skipif(importlib.util.find_spec("hatchling") is None,
-                                 reason="no build backend: hatchling is not installed (requirements/dev.txt pins it)")
+                                 reason="no build backend: hatchling is not installed (requirements/lock.txt pins it)")
 
 
 def test_collections_the_roles_use_come_with_the_package() -> None:
@@ -48,8 +50,38 @@ def test_collections_the_roles_use_come_with_the_package() -> None:
         assert f"ansible_collections/{ns}/{name}/MANIFEST.json" in shipped, f"{coll} is not in the ansible package"
 
 
+def under_root(path: str) -> bool:
+    return Path(path).resolve().is_relative_to(ROOT) if path else False
+
+
+def outside_env() -> dict[str, str]:
+    """The caller's environment without anything of the checkout: no venv activation, no PATH entry inside it."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "ANSIBLE_CONFIG")}
+    env["PATH"] = os.pathsep.join(p for p in env.get("PATH", "").split(os.pathsep) if p and not under_root(p))
+    return env
+
+
 def sh(cmd: list[str], *, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300, check=False)
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        shutil.copy2(src, dst)
+
+
+def copy_packages(src: Path, dst: Path) -> None:
+    """Every installed distribution of ``src`` but the editable provisioner, hard-linked into ``dst``."""
+    editable = {"_provisioner.pth"} | {p.name for p in src.glob("provisioner-*.dist-info")}
+    for entry in src.iterdir():
+        if entry.name in editable or entry.name == "__pycache__":
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, dst / entry.name, copy_function=_link_or_copy, symlinks=True)
+        else:
+            _link_or_copy(str(entry), str(dst / entry.name))
 
 
 @pytest.fixture(scope="module")
@@ -73,9 +105,10 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     assert made.returncode == 0, made.stderr
     purelib = Path(sh([str(venv / "bin" / "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                       cwd=base).stdout.strip())
-    # the dependencies (ansible-core, pydantic, ...) from this environment; its editable provisioner is only a
-    # .pth file there, which a path line does not process: `provisioner` comes from the wheel
-    (purelib / "_provisioner_test_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    # the dependencies (ansible-core, pydantic, ...) as this environment installed them from the lock, linked into
+    # the new one: its sys.path then names only itself. The checkout's editable provisioner is left behind (its
+    # .pth line names the checkout): `provisioner` comes from the wheel
+    copy_packages(Path(sysconfig.get_paths()["purelib"]), purelib)
     pip = sh([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--no-deps",
               "--no-index", "--disable-pip-version-check", "-q", str(wheel)], cwd=base)
     assert pip.returncode == 0, pip.stdout + pip.stderr
@@ -92,7 +125,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @NEEDS_BUILD
 def test_installed_wheel_runs_from_another_directory(installed: Path, tmp_path: Path) -> None:
     python, provision = installed / "bin" / "python", installed / "bin" / "provision"
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "ANSIBLE_CONFIG")}
+    env = outside_env()
     work = tmp_path / "elsewhere"
     work.mkdir()
     where = sh([str(python), "-c", "import provisioner.collection as c; print(c.collection().root)"], cwd=work, env=env)
@@ -124,8 +157,14 @@ def test_installed_wheel_runs_from_another_directory(installed: Path, tmp_path: 
     task_paths = {str(e["event_data"]["task_path"]) for e in events if e.get("event_data", {}).get("task_path")}
     assert all(p.startswith(str(coll) + "/") for p in task_paths), task_paths
     assert any(p.startswith(str(coll / "roles" / "preflight" / "tasks")) for p in task_paths), task_paths
-    assert str(ROOT) not in (artifacts / "job_events").parent.joinpath("stdout").read_text()
-    ran_with = json.loads((artifacts / "command").read_text())["env"]
+    # what the run used, not what any library printed: the interpreter, its sys.path, PATH and ansible's paths
+    path = sh([str(python), "-c", "import json, sys; print(json.dumps(sys.path))"], cwd=work, env=env)
+    assert [p for p in json.loads(path.stdout) if under_root(p)] == [], path.stdout
+    command = json.loads((artifacts / "command").read_text())
+    ran_with = command["env"]
+    assert [p for p in ran_with["PATH"].split(os.pathsep) if under_root(p)] == [], ran_with["PATH"]
+    playbook_cmd = shutil.which(command["command"][0], path=ran_with["PATH"])
+    assert playbook_cmd and Path(playbook_cmd).is_relative_to(installed), (command["command"][0], playbook_cmd)
     assert ran_with["ANSIBLE_ROLES_PATH"] == str(coll / "roles")
     assert pkg_root not in ran_with["ANSIBLE_COLLECTIONS_PATH"]
 
@@ -143,7 +182,7 @@ def test_installed_wheel_runs_from_another_directory(installed: Path, tmp_path: 
 @NEEDS_BUILD
 def test_installed_inventory_plugin_from_another_directory(installed: Path, tmp_path: Path) -> None:
     """AWX's way: a config file naming provisioner.cluster.spec, the collection found through collections_path."""
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "ANSIBLE_CONFIG")}
+    env = outside_env()
     env["ANSIBLE_COLLECTIONS_PATH"] = sh([str(installed / "bin" / "provision"), "collection-path"], cwd=tmp_path,
                                          env=env).stdout.strip()
     (tmp_path / "cluster.yaml").write_text((ROOT / "examples" / "lab" / "cluster.yaml").read_text())
