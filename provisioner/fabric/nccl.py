@@ -32,11 +32,14 @@ from provisioner.fabric.findings import CheckResult, Finding
 from provisioner.fabric.schedule import PairResult, Round, judge, run_quick, verdict_findings
 from provisioner.parsers import parse
 from provisioner.remote import Completed
-from provisioner.spec import hostlist
+from provisioner.spec import expected, hostlist
 from provisioner.spec.cluster import Cluster, Node
+from provisioner.spec.models import NcclCheck
 from provisioner.spec.rules import full_pkey, nccl_pkey
 
 CHECK = "nccl"
+EFFICIENCY_KEYS = ("expected_busbw_gbps", "expected_from", "efficiency", "floor_gbps", "floor_from")
+"""What :func:`efficiency` adds to a run's measurements (per group, suffixed with its label, when several ran)."""
 
 #: Runs ``argv`` with ``env`` on the first of ``hosts`` (the launcher host) and returns what it printed.
 NcclRunner = Callable[[Sequence[str], Sequence[str], dict[str, str]], Completed]
@@ -255,7 +258,7 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
                                                      for label, g, _ in groups))
     if len(groups) == 1:
         label, group, launcher = groups[0]
-        return _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root)
+        return _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root, label=label)
     findings: list[Finding] = []
     measurements: dict[str, float | int | str | None] = {"nodes": len(nodes), "groups": len(groups)}
     figures: list[float | None] = []
@@ -271,14 +274,15 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
             findings.append(Finding(CHECK, "info", group[0].name, None, None, "another node in its group",
                                     label, alone, ""))
             continue
-        part = _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root)
+        part = _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root, label=label)
         if part.error is not None:
             unrun.append(f"{label}: {part.error}")
             continue
-        findings += [replace(f, message=f"{label}: {f.message}") for f in part.findings]
+        findings += [f if f.message.startswith(label) else replace(f, message=f"{label}: {f.message}")
+                     for f in part.findings]
         busbw = part.measurements.get("busbw_gbps")
-        measurements[f"busbw_gbps {label}"] = busbw
-        measurements[f"launcher {label}"] = launcher.kind
+        for key in ("busbw_gbps", *EFFICIENCY_KEYS, "launcher"):
+            measurements[f"{key} {label}"] = part.measurements.get(key)
         figures.append(float(busbw) if isinstance(busbw, int | float) else None)
     if unrun:
         # a group that could not run leaves the cluster unproven: that is the verdict unless another group failed
@@ -295,18 +299,39 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
 
 
 def _launch_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, launcher: Launcher,
-                  has_tool: Callable[[str, str], bool], *, as_root: bool) -> CheckResult:
+                  has_tool: Callable[[str, str], bool], *, as_root: bool, label: str) -> CheckResult:
     first = nodes[0].name
     if not has_tool(first, launcher.tool):
         what = ("an MPI launcher (the nccl role installs Open MPI, nccl_mpi_install)" if launcher.kind == "mpirun"
                 else "Slurm's srun (the slurm role installs slurm-client)")
         return CheckResult.could_not_run(CHECK, None, f"no {launcher.tool} on {first}: multi-node nccl-tests need "
                                          + what)
-    return _check_group(cluster, nodes, runner, launcher, as_root=as_root)
+    return _check_group(cluster, nodes, runner, launcher, as_root=as_root, label=label)
+
+
+def efficiency(nodes: Sequence[Node], cfg: NcclCheck, busbw: float | None) -> dict[str, float | str | None]:
+    """The run's expected figure, efficiency and floor (:mod:`provisioner.spec.expected`), as measurements."""
+    want = expected.inter_node(nodes)
+    floor, source = expected.floor(cfg.min_busbw_gbps, want, cfg.min_fraction)
+    return {"expected_busbw_gbps": want.busbw_gbps if want else None, "expected_from": want.why if want else None,
+            "efficiency": round(busbw / want.busbw_gbps, 3) if want and busbw is not None else None,
+            "floor_gbps": floor, "floor_from": source}
+
+
+def _below_floor(label: str, names: Sequence[str], busbw: float, cfg: NcclCheck,
+                 eff: Mapping[str, float | str | None]) -> Finding:
+    want, ratio = eff["expected_busbw_gbps"], eff["efficiency"]
+    expected_text = (f"; expected {want:g} GB/s from {eff['expected_from']}, {ratio:.0%} of it"
+                     if isinstance(want, float) and isinstance(ratio, float) else "")
+    return Finding(CHECK, "error", None, None, None, eff["floor_gbps"], busbw,
+                   f"{label}: all-reduce bus bandwidth {busbw:.1f} GB/s at {cfg.max_bytes} over {len(names)} nodes "
+                   f"is below the floor {eff['floor_gbps']:g} GB/s ({eff['floor_from']}){expected_text}",
+                   "check GPUDirect (nvidia_peermem), NCCL_IB_HCA and the rails; the pair follow-ups name the "
+                   "slow node; with every link and pair healthy, `provision tune` looks for NCCL settings")
 
 
 def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, launcher: Launcher, *,
-                 as_root: bool) -> CheckResult:
+                 as_root: bool, label: str) -> CheckResult:
     cfg = cluster.spec.verify.nccl
     gpus = min(n.gpu_count for n in nodes)
     names = [n.name for n in nodes]
@@ -346,10 +371,11 @@ def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, la
     busbw, why = read_busbw(whole)
     nranks = observed_ranks(whole.stdout)
     want_ranks = len(names) * gpus
-    floor = cfg.min_busbw_gbps
+    eff = efficiency(nodes, cfg, busbw)
+    floor = eff["floor_gbps"] if isinstance(eff["floor_gbps"], float) else None
     measurements: dict[str, float | int | str | None] = {"nodes": len(names), "busbw_gbps": busbw,
                                                          "max_bytes": cfg.max_bytes, "nranks": nranks,
-                                                         "launcher": launcher.kind}
+                                                         "launcher": launcher.kind, **eff}
     findings: list[Finding] = []
     if nranks is not None and nranks != want_ranks:
         findings.append(Finding(CHECK, "error", None, None, None, want_ranks, nranks,
@@ -371,11 +397,7 @@ def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, la
         findings.append(Finding(CHECK, "error", None, None, None, "0 wrong results", why,
                                 f"all_reduce_perf reported {why}", "a node corrupts data: run the pair follow-ups"))
     elif floor is not None and busbw < floor:
-        findings.append(Finding(CHECK, "error", None, None, None, floor, busbw,
-                                f"all-reduce bus bandwidth {busbw:.1f} GB/s at {cfg.max_bytes} is below "
-                                f"{floor:g} GB/s over {len(names)} nodes",
-                                "check GPUDirect (nvidia_peermem), NCCL_IB_HCA and the rails; the pair "
-                                "follow-ups name the slow node"))
+        findings.append(_below_floor(label, names, busbw, cfg, eff))
     findings += [Finding(CHECK, "warning", None, None, None, None, w, f"NCCL warned: {w}", "") for w in warns]
     if busbw is None or why or (floor is not None and busbw < floor):
         findings += follow_up(names, busbw_of, floor)

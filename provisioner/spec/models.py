@@ -436,7 +436,10 @@ class GpuDirectCheck(Strict):
 
 
 class NcclCheck(Strict):
-    min_busbw_gbps: float | None = Field(None, gt=0, description="Floor for all_reduce_perf bus bandwidth (GB/s).")
+    min_busbw_gbps: float | None = Field(None, gt=0, description="Floor for all_reduce_perf bus bandwidth (GB/s); "
+                                         "without it the floor is min_fraction of the expected figure.")
+    min_fraction: float = Field(0.8, gt=0, le=1, description="Without min_busbw_gbps: the floor as a fraction of the "
+                                "bus bandwidth the spec's rails and GPU links allow (docs/verification.md).")
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
 
 

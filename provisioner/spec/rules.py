@@ -151,6 +151,25 @@ def _nccl_floor(c: Cluster, rep: Reporter, r: Rule) -> None:
                  f"set min_busbw_gbps at or below {cap * 0.92:.0f} (about 92 % of the rails)")
 
 
+@rule("NCCL-FLOOR-ABOVE-EXPECTED", "warning",
+      "A floor above the all-reduce bus bandwidth the rails and GPU links allow together (NVLink, or PCIe between "
+      "GPUs without it: docs/verification.md) fails healthy runs unless something in the fabric reduces in-network "
+      "(SHARP); below what the rails carry alone, so not impossible, but likely a wrong target.")
+def _nccl_floor_expected(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.spec.expected import inter_node
+
+    floor = c.spec.verify.nccl.min_busbw_gbps
+    compute = [n for n in c.nodes if "compute" in n.roles and n.gpu_count]
+    want = inter_node(compute) if floor is not None and len(compute) >= 2 else None
+    cap = min((sum(p.rate_gbps for p in n.rail_ports) / 8 for n in compute), default=0.0)
+    if floor is None or want is None or floor <= want.busbw_gbps or floor > cap:
+        return  # above the rails: NCCL-FLOOR-UNREACHABLE says so
+    r.report(rep, ("verify", "nccl", "min_busbw_gbps"),
+             f"NCCL floor {floor:g} GB/s is above the expected {want.busbw_gbps:g} GB/s ({want.why})",
+             f"leave min_busbw_gbps out (the floor is then verify.nccl.min_fraction of the expected figure) or set "
+             f"it at or below {want.busbw_gbps:g}")
+
+
 # --- fabric design ---------------------------------------------------------------------------------------------
 @rule("FAT-TREE-OVERSUB", "warning",
       "A leaf with more bandwidth down than up blocks when traffic crosses leaves; training all-reduce does, so "

@@ -224,6 +224,15 @@ def test_nccl_floor_above_rails_is_error() -> None:
     assert load_text(BASE + "verify:\n  nccl: {min_busbw_gbps: 360}\n", "c.yaml").diagnostics == []
 
 
+def test_nccl_floor_above_the_gpu_links_is_a_warning() -> None:
+    """PCIe GPUs without NVLink: the rails carry 400 GB/s, the PCIe Gen5 hop between GPUs 63."""
+    pcie = BASE.replace("model: H100-SXM5-80GB", "model: H100-PCIE-80GB").replace("nvswitch: true", "nvswitch: false")
+    [d] = load_text(pcie + "verify:\n  nccl: {min_busbw_gbps: 100}\n", "c.yaml").diagnostics
+    assert (d.rule, d.severity) == ("NCCL-FLOOR-ABOVE-EXPECTED", "warning")
+    assert "above the expected 63 GB/s (PCIe Gen5 x16 between H100-PCIE-80GB GPUs)" in d.message
+    assert load_text(pcie + "verify:\n  nccl: {min_busbw_gbps: 50}\n", "c.yaml").diagnostics == []
+
+
 def test_more_nodes_than_leaf_ports() -> None:
     text = BASE.replace("{name: leaf1, ports: 64, uplinks: 0}", "{name: leaf1, ports: 8, uplinks: 6}")
     text = text.replace("topology: {kind: single_switch}",
