@@ -156,6 +156,7 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
     """The verify and report phases of a run, as Python steps of the run engine."""
     from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
     from provisioner.replace import subset
+    from provisioner.report.model import nccl_line
     from provisioner.state import record_hardware
     from provisioner.verify import verify
 
@@ -188,6 +189,8 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
             return StepOutcome(status="not_built", note="no verification in this run to report on")
         for f in run.report.findings():
             err.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+        for line in map(nccl_line, run.report.nccl_runs()):
+            err.print(line, markup=False)
         return StepOutcome(note=f"reports: {run.directory}")
 
     return {"verify": verify_step, "report": report_step}
@@ -450,6 +453,7 @@ def verify_cmd(
     from provisioner.errors import UsageError
     from provisioner.fabric.nccl import LAUNCHES
     from provisioner.report import to_html, to_json, to_junit
+    from provisioner.report.model import nccl_line
     from provisioner.spec import hostlist
     from provisioner.verify import verify
 
@@ -482,6 +486,8 @@ def verify_cmd(
                 not_run.setdefault((c.name, c.error or ""), []).append(c.node or "cluster")
         for (name, why), nodes in not_run.items():
             out.print(f"NOT RUN {name} {hostlist.compress(nodes)}: {why}", markup=False)
+        for line in map(nccl_line, run.report.nccl_runs()):
+            out.print(line, markup=False)
         out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
     raise typer.Exit(run.exit_code)
 

@@ -177,6 +177,32 @@ def _heatmaps(report: VerifyReport) -> str:
     return "".join(parts)
 
 
+def _nccl(report: VerifyReport) -> str:
+    """The all-reduce figures: measured, expected from the spec's links, efficiency (coloured as the heatmaps)."""
+    runs = report.nccl_runs()
+    if not runs:
+        return "<p>No NCCL all-reduce figure in this run.</p>"
+
+    def num(value: object, fmt: str) -> str:
+        return format(value, fmt) if isinstance(value, float) else "–"
+
+    rows = []
+    for r in runs:
+        eff = r.get("efficiency")
+        colour = f' style="background:{_colour(eff)}"' if isinstance(eff, float) else ""
+        cells = [f'<th scope="row">{_e(r.get("group") or "all GPU nodes")}</th>',
+                 f'<td>{num(r.get("busbw_gbps"), ".1f")}</td>',
+                 f'<td>{num(r.get("expected_busbw_gbps"), "g")} <span class="meta">{_e(r.get("expected_from") or "")}'
+                 "</span></td>",
+                 f'<td class="efficiency"{colour}>{num(eff, ".0%")}</td>',
+                 f'<td>{num(r.get("floor_gbps"), "g")} <span class="meta">{_e(r.get("floor_from") or "")}</span></td>']
+        rows.append(f'<tr class="nccl-run">{"".join(cells)}</tr>')
+    return ('<table class="nccl"><tr><th>run</th><th>bus bandwidth (GB/s)</th><th>expected (GB/s)</th>'
+            "<th>efficiency</th><th>floor (GB/s)</th></tr>" + "".join(rows) + "</table>"
+            '<p class="meta">Bus bandwidth at the largest size; expected = what the rails and the GPU links allow '
+            "(docs/verification.md).</p>")
+
+
 # ---------------------------------------------------------------- findings by node
 
 
@@ -374,6 +400,7 @@ def to_html(report: VerifyReport) -> str:
         f'<h2>Findings by node</h2><div id="findings">{_findings_by_node(report, reasons)}</div>'
         f'<h2>Fabric</h2><section id="fabric">{fabric_picture.section(report.fabric)}</section>'
         f"<h2>Pairwise bandwidth (ib_write_bw)</h2>{_heatmaps(report)}"
+        f'<h2>NCCL all-reduce</h2><section id="nccl">{_nccl(report)}</section>'
         f"<h2>Versions (compared between peers: one profile, the same roles)</h2>{_versions(report)}"
         f"<h2>Checks</h2>{_checks_table(report.checks)}"
         f"{notes}</body></html>\n"

@@ -31,6 +31,7 @@ def report_dict(report: VerifyReport) -> dict[str, object]:
             {"node": n, "component": c, "observed": got, "expected": want}
             for n, c, got, want in version_mismatches(report.versions, report.peers)
         ],
+        "nccl": report.nccl_runs(),
         "notes": list(report.notes),
         "peer_groups": {g: sorted(n for n, p in report.peers.items() if p == g)
                         for g in sorted(set(report.peers.values()))},

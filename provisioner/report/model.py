@@ -18,6 +18,9 @@ from provisioner.report.fabric_picture import FabricPicture
 BandwidthMatrix = Mapping[int, Mapping[tuple[str, str], float]]
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+NCCL = "nccl"
+NCCL_FIGURES = ("busbw_gbps", "expected_busbw_gbps", "expected_from", "efficiency", "floor_gbps", "floor_from")
+"""The NCCL check's measurements a report shows (provisioner/fabric/nccl.py :func:`efficiency`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,9 +69,37 @@ class VerifyReport:
             ),
         )
 
+    def nccl_runs(self) -> list[dict[str, float | str | None]]:
+        """Each NCCL all-reduce that gave a figure: its group (None for a single run), the measured bus bandwidth,
+        the figure the spec's links allow, their ratio and the floor it was judged against, with sources."""
+        out: list[dict[str, float | str | None]] = []
+        for check in self.checks:
+            if check.name != NCCL or check.node is not None:
+                continue
+            m = check.measurements
+            groups: list[str | None] = [k.removeprefix("busbw_gbps ") for k in m if k.startswith("busbw_gbps ")]
+            for group in groups or [None]:
+                suffix = f" {group}" if group else ""
+                if m.get(f"busbw_gbps{suffix}") is None and m.get(f"expected_busbw_gbps{suffix}") is None:
+                    continue
+                out.append({"group": group, **{k: m.get(f"{k}{suffix}") for k in NCCL_FIGURES}})
+        return out
+
     def rail_nodes(self, rail: int) -> list[str]:
         """Nodes that appear in the bandwidth matrix of one rail, sorted."""
         return sorted({n for pair in self.bandwidth.get(rail, {}) for n in pair})
+
+
+def nccl_line(run: Mapping[str, float | str | None]) -> str:
+    """One NCCL run for a terminal: ``NCCL all-reduce: 94.0 GB/s, 94% of the expected 100 GB/s (...); floor ...``."""
+    busbw, want, eff, floor = (run.get(k) for k in ("busbw_gbps", "expected_busbw_gbps", "efficiency", "floor_gbps"))
+    group = run.get("group")
+    text = f"NCCL all-reduce ({group}): " if group else "NCCL all-reduce: "
+    text += f"{busbw:.1f} GB/s" if isinstance(busbw, float) else "no figure"
+    if isinstance(want, float):
+        text += f", {eff:.0%} of" if isinstance(eff, float) else ", expected"
+        text += f" the expected {want:g} GB/s ({run.get('expected_from')})"
+    return text + (f"; floor {floor:g} GB/s ({run.get('floor_from')})" if isinstance(floor, float) else "")
 
 
 def fraction(gbps: float, line_rate: float | None) -> float | None:

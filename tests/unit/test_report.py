@@ -450,3 +450,39 @@ def test_browser_tests_fail_rather_than_skip_in_ci(monkeypatch: pytest.MonkeyPat
     monkeypatch.delenv("CI")
     with pytest.raises(pytest.skip.Exception, match="chromium is not installed"):
         _chromium()
+
+
+# --- NCCL efficiency ------------------------------------------------------------------------------------------
+
+
+def nccl_report() -> VerifyReport:
+    """Two P_Key groups measured by the NCCL check: one healthy, one at 60 % of what its rails carry."""
+    from provisioner.fabric.nccl import EFFICIENCY_KEYS
+
+    def group(label: str, busbw: float, eff: float) -> dict[str, float | str | None]:
+        figures = dict(zip(EFFICIENCY_KEYS, (100.0, "2 x 400 Gb/s rails per node", eff, 80.0,
+                                             "80% of the expected 100 GB/s"), strict=True))
+        return {f"busbw_gbps {label}": busbw, **{f"{k} {label}": v for k, v in figures.items()}}
+
+    nccl = CheckResult.from_findings("nccl", None, [], {
+        "nodes": 4, "groups": 2, **group("tenant_a (P_Key 0x8001)", 94.0, 0.94),
+        **group("the default partition", 60.0, 0.6)})
+    return VerifyReport(cluster="lab-n", started=datetime(2025, 3, 1, 12, 0, 0, tzinfo=UTC),
+                        finished=datetime(2025, 3, 1, 12, 1, 0, tzinfo=UTC), checks=(nccl,))
+
+
+def test_nccl_efficiency_reaches_json_html_and_the_terminal() -> None:
+    from provisioner.report.model import nccl_line
+
+    report = nccl_report()
+    runs = json.loads(to_json(report))["nccl"]
+    assert [(r["group"], r["busbw_gbps"], r["expected_busbw_gbps"], r["efficiency"]) for r in runs] == [
+        ("tenant_a (P_Key 0x8001)", 94.0, 100.0, 0.94), ("the default partition", 60.0, 100.0, 0.6)]
+    assert nccl_line(runs[1]) == ("NCCL all-reduce (the default partition): 60.0 GB/s, 60% of the expected 100 GB/s "
+                                  "(2 x 400 Gb/s rails per node); floor 80 GB/s (80% of the expected 100 GB/s)")
+    page = to_html(report)
+    rows = re.findall(r'<tr class="nccl-run">(.*?)</tr>', page)
+    assert len(rows) == 2 and "94%" in rows[0] and "60%" in rows[1] and "tenant_a (P_Key 0x8001)" in rows[0]
+    assert 'id="nccl"' in page
+    empty = VerifyReport(cluster="x", started=report.started, finished=report.finished, checks=())
+    assert empty.nccl_runs() == [] and "No NCCL all-reduce figure" in to_html(empty)
