@@ -38,7 +38,7 @@ Runner = Callable[[list[str]], None]
 
 PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", "slow_link", "flapping")
 NODE_FAULTS = ("gpu_missing", "ecc_error", "peermem_missing", "unreachable", "sm_killed", "hardware_swap",
-               "ipoib_down", "ipoib_wrong_address")
+               "ipoib_down", "ipoib_wrong_address", "nccl_slow")
 FABRIC_FAULTS = ("cables_swapped",)
 SWITCH_FAULTS = ("uplink_down", "uplink_degraded", "switch_down")
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS + SWITCH_FAULTS
@@ -176,6 +176,14 @@ def apply_fault(
         record["saved"] = {"ecc_uncorrected_volatile": gpu.get("ecc_uncorrected_volatile", 0)}
         gpu["ecc_uncorrected_volatile"] = int(gpu.get("ecc_uncorrected_volatile", 0)) + count
         _log_kernel(node, record, xid_line(gpu, 48))
+    elif kind == "nccl_slow":
+        # NCCL's all-reduce runs at a fraction of what the rails carry while every link, and ib_write_bw, is healthy
+        # (docs/lab-hardware-model.md: NVIDIA/nccl issue #2409); the simulated all_reduce_perf reads the factor
+        factor = float(params.get("factor", 0.6))
+        if not 0 < factor <= 1:
+            raise LabError(f"nccl_slow factor must be in (0, 1], not {factor:g}")
+        record.update({"factor": factor, "saved": {"nccl_factor": node.get("nccl_factor")}})
+        node["nccl_factor"] = factor
     elif kind == "peermem_missing":
         module = str(params.get("module", "nvidia_peermem"))
         record["module"] = module
@@ -291,6 +299,10 @@ def revert_fault(
         node["gpus"][int(record["index"])]["present"] = True
     elif kind == "ecc_error":
         node["gpus"][int(record["index"])]["ecc_uncorrected_volatile"] = record["saved"]["ecc_uncorrected_volatile"]
+    elif kind == "nccl_slow":
+        node.pop("nccl_factor", None)
+        if record["saved"]["nccl_factor"] is not None:
+            node["nccl_factor"] = record["saved"]["nccl_factor"]
     if record.get("logged"):  # clearing the fault is a reboot to the kernel log: its line goes
         node["kernel_log"] = [e for e in node.get("kernel_log", []) if e.get("msg") != record["logged"]]
     elif kind == "peermem_missing":
@@ -589,6 +601,7 @@ PARAMS: dict[str, dict[str, str]] = {
     "gpu_missing": {"index": "int"},
     "ecc_error": {"index": "int", "count": "int"},
     "peermem_missing": {"module": "module"},
+    "nccl_slow": {"factor": "factor"},
     "unreachable": {"method": "method"},
     "sm_killed": {"unit": "unit"},
     "hardware_swap": {},

@@ -376,7 +376,33 @@ def test_slow_rail_fails_nccl_and_the_follow_up_names_the_node(labc: Lab) -> Non
         clear(labc, "gpu02", "slow_link")
     nccl = errors_of(run, "nccl")
     assert [f.node for f in nccl] == [None, "gpu02"], show(run.report.findings())
-    assert "below 80 GB/s" in nccl[0].message
+    assert "below the floor 80 GB/s (verify.nccl.min_busbw_gbps)" in nccl[0].message
+    assert_only_blamed(run, {"gpu02"})
+
+
+def test_nccl_slow_fails_without_a_floor_in_the_spec_and_blames_no_cable(labc: Lab) -> None:
+    """NCCL at 60 % with every link healthy (lab fault nccl_slow): a spec without min_busbw_gbps used to pass at any
+    speed; now the floor is 80 % of what the rails carry (2 x NDR = 100 GB/s), the run fails naming measured and
+    expected, the follow-up names gpu02, and neither the links nor the pairwise bandwidth blame a port."""
+    nccl_cfg = labc.cluster.spec.verify.nccl.model_copy(update={"min_busbw_gbps": None})
+    spec = labc.cluster.spec.model_copy(update={"verify": labc.cluster.spec.verify.model_copy(
+        update={"nccl": nccl_cfg})})
+    no_floor = dataclasses.replace(labc.cluster, spec=spec)
+    healthy = verify(no_floor, tests=["nccl"], write=False)
+    assert healthy.exit_code == 0, show(healthy.report.findings())
+    [run_figures] = healthy.report.nccl_runs()
+    assert run_figures["expected_busbw_gbps"] == 100.0 and run_figures["floor_gbps"] == 80.0
+    assert 0.9 < float(run_figures["efficiency"] or 0) < 0.96, run_figures
+    inject(labc, "gpu02", "nccl_slow", factor=0.6)
+    try:
+        run = verify(no_floor, tests=["links", "bandwidth", "nccl"], write=False)
+    finally:
+        clear(labc, "gpu02", "nccl_slow")
+    nccl = errors_of(run, "nccl")
+    assert [f.node for f in nccl] == [None, "gpu02"], show(run.report.findings())
+    assert "below the floor 80 GB/s (80% of the expected 100 GB/s)" in nccl[0].message, nccl[0].message
+    assert "expected 100 GB/s from 2 x 400 Gb/s rails per node" in nccl[0].message
+    assert not [f for f in serious(run) if f.check != "nccl"], show(serious(run))  # no port, cable or pair
     assert_only_blamed(run, {"gpu02"})
 
 

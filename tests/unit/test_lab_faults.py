@@ -112,6 +112,15 @@ def test_ecc_error_counts_and_logs_xid_48_and_clears_exactly(lab: str) -> None:
     assert node["gpus"][1]["ecc_uncorrected_volatile"] == 0 and node["kernel_log"] == []
 
 
+def test_nccl_slow_sets_and_clears_the_factor(lab: str) -> None:
+    faults.inject(lab, "gpu02", "nccl_slow", **faults.check_params("nccl_slow", {"factor": "0.6"}))
+    assert labstate.load_node(lab, "gpu02")["nccl_factor"] == 0.6
+    with pytest.raises(LabError, match="factor"):
+        faults.inject(lab, "gpu01", "nccl_slow", factor=1.5)
+    faults.clear(lab, "gpu02", "nccl_slow")
+    assert "nccl_factor" not in labstate.load_node(lab, "gpu02")
+
+
 def test_peermem_missing_unloads_and_hides_module(lab: str) -> None:
     labstate.save_modules(lab, "gpu01", ["nvidia_peermem", "nvidia", "ib_core"])
     run = Recorder()

@@ -537,6 +537,17 @@ def test_all_reduce_rail_down_and_no_peermem_lower(lab: Path) -> None:
     assert 0.45 < no_gdr / full < 0.55
 
 
+def test_all_reduce_slow_nccl_with_healthy_links(lab: Path) -> None:
+    """Lab fault nccl_slow: the run that includes the node reads x factor; its ports stay as they were."""
+    activate_all(lab)
+    full = avg_busbw(mpirun(lab, *PERF).stdout)
+    node = labstate.load_node(str(lab), "gpu02")
+    node["nccl_factor"] = 0.6
+    labstate.save_node(str(lab), node)
+    slow = avg_busbw(mpirun(lab, *PERF).stdout)
+    assert 0.55 < slow / full < 0.65
+
+
 def test_all_reduce_started_by_srun_with_pmix_is_one_job_and_without_pmi_aborts(lab: Path) -> None:
     """A step of ``srun --mpi=pmix --ntasks-per-node=2`` over gpu01-02: each task has what slurmstepd's PMIx server
     gives it (tests/fixtures/slurm/srun_pmix_env.txt): one job of 4 ranks. Without PMIx, MPI_Init aborts."""

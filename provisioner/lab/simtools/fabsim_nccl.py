@@ -30,6 +30,8 @@ Bus-bandwidth model (large messages), see docs/lab-hardware-model.md ("Tool mode
   NVLink figure; x 0.5 when any node lacks ``nvidia_peermem`` (no GPUDirect RDMA:
   33 -> 93 GB/s once enabled in NVIDIA/nccl issue #1412, "half" in issue #465); sockets
   (~1.2 GB/s) when a node selects no HCA or sets NCCL_IB_DISABLE=1;
+- x the lowest ``nccl_factor`` of the run's nodes (lab fault ``nccl_slow``: NCCL slow while perftest reaches line
+  rate, NVIDIA/nccl issue #2409);
 - latency 12 us (one node) / 20 us (several) added per operation, so small sizes are
   latency-bound as in real runs.
 """
@@ -685,7 +687,8 @@ def peak_busbw(records: list[dict[str, Any]], nodes: Mapping[str, dict[str, Any]
     net = min(rails_netbw(rails) for rails in per_host.values())
     if any("nvidia_peermem" not in modules.get(h, []) for h in hosts):
         net *= NO_GDR_FACTOR
-    return min(intra, net)
+    # a node whose NCCL is slow with its links healthy (lab fault nccl_slow) holds back every run it is in
+    return min(intra, net) * min(float(nodes[h].get("nccl_factor") or 1.0) for h in hosts)
 
 
 def header(opts: Options, records: list[dict[str, Any]], nodes: Mapping[str, dict[str, Any]]) -> list[str]:
