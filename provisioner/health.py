@@ -12,7 +12,9 @@ What each check reads and why it is enough to take a node out of service:
 * **Ports**: ``ibstat``: every port the spec expects is Active/LinkUp at its rate and width
   (:func:`provisioner.fabric.links.port_findings`, the verify check's own rules).
 * **peermem**: ``lsmod`` lists nvidia_peermem on GPU nodes with rail HCAs
-  (:func:`provisioner.fabric.gpudirect.peermem_findings`).
+  (:func:`provisioner.fabric.gpudirect.peermem_findings`), where verify requires it too: not with
+  ``gpudirect.mode: dmabuf`` (DMA-BUF registers GPU memory without the module) nor with
+  ``verify.gpudirect.required: false``.
 
 A node that does not answer SSH is unhealthy too ("unreachable"): its jobs are lost either way.
 """
@@ -147,7 +149,9 @@ def judge(cluster: Cluster, node: Node, sections: Mapping[str, str]) -> list[str
             for f in links.port_findings(node, ibstat):
                 if f.severity == "error":
                     problems.append(f"ports: {f.location()}: {f.message}")
-    if node.gpu_count and node.rail_ports:
+    # as verify judges it: DMA-BUF needs no nvidia_peermem, and with GPUDirect optional its absence fails nothing
+    if node.gpu_count and node.rail_ports and cluster.spec.verify.gpudirect.required \
+            and not gpudirect.dmabuf_mode(cluster):
         try:
             lsmod = parse("lsmod", sections.get("lsmod", ""))
         except ParseError as exc:

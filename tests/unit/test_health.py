@@ -96,6 +96,18 @@ def test_no_driver_and_a_port_down_and_no_peermem(cluster: Cluster, lab: Path) -
     assert problems[-1] == "peermem: nvidia_peermem is not loaded"
 
 
+def test_peermem_is_judged_as_the_spec_says(lab: Path) -> None:
+    """DMA-BUF registers GPU memory without nvidia_peermem: a healthy DMA-BUF node without the module is healthy
+    (watch used to fail it, and would have failed it over); with GPUDirect optional it is no failover reason either."""
+    sections = _sections(lab) | {"lsmod": _fixture("lsmod/mesa_rdma_modules.txt")}
+    for extra, problem in (("", True), ("gpudirect: {mode: dmabuf}\n", False),
+                           ("verify: {gpudirect: {required: false}}\n", False)):
+        res = load_text(SPEC + extra, "c.yaml")
+        assert res.cluster is not None, [d.format() for d in res.errors]
+        found = judge(res.cluster, res.cluster.node("gpu01"), sections)
+        assert ("peermem: nvidia_peermem is not loaded" in found) is problem, (extra, found)
+
+
 def test_application_xids_are_not_hardware_faults() -> None:
     xids = parse_xids(_fixture("dmesg/gpud_xid_readme.txt"))
     assert [x.code for x in xids] == [13, 13, 13, 109]
