@@ -28,6 +28,7 @@ from provisioner.fabric import (
     bandwidth,
     baseline,
     cabling,
+    causes,
     gpudirect,
     ipoib,
     links,
@@ -607,7 +608,7 @@ def verify(
     base_path = root / "baseline.json"
     size = cluster.spec.verify.bandwidth.message_size
     drift = baseline.compare(baseline.load(base_path), v.matrix, size, v.nccl_busbw)
-    checks = reach.settle(links.blame_flapping_ends(v.checks, cluster), v.lost)
+    checks = causes.fold(reach.settle(links.blame_flapping_ends(v.checks, cluster), v.lost))
     if not checks:  # a run that checked nothing has not passed
         checks.append(CheckResult.could_not_run("verify", None, f"no check gave a result ({', '.join(chosen)})"
                                                 if chosen else "the spec's verify.tests names no check"))

@@ -327,6 +327,10 @@ def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:
     nccl = errors_of(run, "nccl")
     assert [f.node for f in nccl] == [None, "gpu03"], show(nccl)  # the cluster run, then the follow-up's verdict
     assert_only_blamed(run, {"gpu03"})
+    # one cause, named where its effects are: no cable, transceiver or port is suspected on gpu03
+    for f in [*gdr, nccl[1]]:
+        assert "host-side cause, not a port or cable: gpu03: nvidia_peermem is not loaded" in f.message, show([f])
+        assert "reseat" not in f.hint, show([f])
 
 
 def test_dmabuf_mode_needs_no_peermem_but_a_new_enough_kernel(labc: Lab) -> None:

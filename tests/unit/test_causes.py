@@ -1,0 +1,52 @@
+"""Host-side causes fold the traffic findings they explain (provisioner/fabric/causes.py): with nvidia_peermem
+missing on gpu03 the GPUDirect verdicts on its rails said "port is bad ... reseat or swap the cable"."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from provisioner.fabric import causes, gpudirect
+from provisioner.fabric.findings import CheckResult, Finding
+from provisioner.fabric.schedule import Localisation, NodeVerdict, verdict_findings
+
+
+def peermem_missing_run() -> list[CheckResult]:
+    module = gpudirect.peermem_findings("gpu03", {"modules": {"nvidia": {}}}, True)
+    loc = Localisation(verdicts={("gpu03", r): NodeVerdict("gpu03", r, "bad", "failed with every peer",
+                                                           ("gpu01", "gpu02")) for r in (0, 1)}, links=(), notes=())
+    gdr = [replace(f, check=gpudirect.BW_CHECK)
+           for f in verdict_findings(loc, device_by_rail={0: "mlx5_0", 1: "mlx5_1"})]
+    slow = Finding("nccl", "error", "gpu03", None, None, 80.0, 40.0, "gpu03 node is slow in NCCL (2 of 2 pairs)", "")
+    pairwise = Finding("pairwise_bandwidth", "error", "gpu01", "mlx5_0", None, 400, 100, "gpu01 rail 0: port is bad",
+                       "reseat or swap the cable and transceiver", rail=0)
+    return [CheckResult.from_findings(gpudirect.CHECK, "gpu03", module),
+            CheckResult.from_findings(gpudirect.BW_CHECK, None, gdr),
+            CheckResult.from_findings("nccl", None, [slow]),
+            CheckResult.from_findings("pairwise_bandwidth", None, [pairwise])]
+
+
+def test_the_verdicts_blamed_the_cable_before_folding() -> None:
+    gdr = peermem_missing_run()[1].findings
+    assert len(gdr) == 2 and all("cable" in f.hint and "port is bad" in f.message for f in gdr)
+
+
+def test_a_missing_peermem_is_named_on_every_traffic_finding_of_its_node_and_no_cable_is() -> None:
+    folded = causes.fold(peermem_missing_run())
+    module, gdr, nccl, pairwise = folded
+    assert module == peermem_missing_run()[0]  # the cause itself is unchanged
+    for f in [*gdr.findings, *nccl.findings]:
+        assert f.severity == "error" and f.node == "gpu03"
+        assert "host-side cause, not a port or cable: gpu03: nvidia_peermem is not loaded" in f.message, f.message
+        assert "reseat" not in f.hint and "modprobe nvidia_peermem" in f.hint
+    assert [(f.device, f.rail) for f in gdr.findings] == [("mlx5_0", 0), ("mlx5_1", 1)]
+    assert not gdr.passed and not nccl.passed  # still failed: the measurement did
+    assert pairwise == peermem_missing_run()[3]  # host-memory bandwidth is not the GPU path: untouched
+
+
+def test_a_gpu_off_the_bus_is_a_host_side_cause_too_and_a_topology_warning_is_not() -> None:
+    node = "gpu02"
+    lost = Finding(gpudirect.CHECK, "error", node, None, None, 2, 1, f"{node}: nvidia-smi shows 1 of 2 GPUs", "reseat")
+    pairing = Finding(gpudirect.CHECK, "warning", "gpu01", "mlx5_0", 1, "GPU0 nearest", "mlx5_1", "pairing", "spec")
+    checks = [CheckResult.from_findings(gpudirect.CHECK, node, [lost]),
+              CheckResult.from_findings(gpudirect.CHECK, "gpu01", [pairing])]
+    assert causes.host_causes(checks) == {node: lost}
