@@ -492,6 +492,64 @@ def verify_cmd(
     raise typer.Exit(run.exit_code)
 
 
+@app.command("tune")
+def tune_cmd(
+    spec: SpecArg,
+    overlay: OverlayOpt = None,
+    knobs: Annotated[str | None, typer.Option("--knobs", help="Comma-separated NCCL variables to sweep (default: "
+                                              "NCCL_ALGO, NCCL_PROTO, NCCL_IB_QPS_PER_CONNECTION, NCCL_MIN_NCHANNELS, "
+                                              "NCCL_NET_GDR_LEVEL).")] = None,
+    repeats: Annotated[int, typer.Option("--repeats", min=2, max=20, help="Runs per setting: the run-to-run "
+                                         "spread a setting must beat comes from them.")] = 3,
+    nccl_launcher: Annotated[str, typer.Option(
+        "--nccl-launcher", help="How each all-reduce starts, as in verify: auto, srun or mpirun.")] = "auto",
+    include_busy: Annotated[bool, typer.Option(
+        "--include-busy", help="Also run on nodes running Slurm jobs (by default they are left out, named).")]
+    = False,
+    out_dir: StateDirOpt = None,
+) -> None:
+    """Measure NCCL settings against NCCL's defaults on the GPU nodes and recommend one only when it beats the
+    defaults by more than the run-to-run spread. Changes nothing on the nodes: prints the table and the spec
+    snippet (software.nccl_env) for the next converge.
+
+    Exit 0 when the sweep ran (with or without a recommendation), 2 when it could not run.
+    """
+    from provisioner.errors import UsageError
+    from provisioner.fabric import tune
+    from provisioner.fabric.nccl import LAUNCHES
+    from provisioner.state import run_lock
+    from provisioner.verify import tune_nccl
+
+    if nccl_launcher not in LAUNCHES:
+        raise UsageError(f"--nccl-launcher {nccl_launcher}: use {', '.join(LAUNCHES)}")
+    try:
+        names = tune.parse_knobs(knobs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cluster, warnings = load_cluster(spec, overlay)
+    _print_diagnostics(warnings)
+    with run_lock(state_dir_for(cluster.name, out_dir), command="provision tune"):  # not during a run
+        run = tune_nccl(cluster, knobs=names, repeats=repeats, state_dir=out_dir, nccl_launcher=nccl_launcher,
+                        include_busy=include_busy, progress=lambda m: err.print(f"[tune] {m}", markup=False))
+    for line in tune.table(run.settings) if run.settings else []:
+        out.print(line, markup=False, highlight=False)
+    for note in run.notes:
+        out.print(f"note: {note}", markup=False)
+    if run.error is not None:
+        out.print(f"NOT RUN tune: {run.error}", markup=False)
+        raise typer.Exit(run.exit_code)
+    best = tune.recommend(run.settings)
+    if best is None:
+        out.print("No setting beat NCCL's defaults by more than the run-to-run spread: keep the defaults.",
+                  markup=False)
+    else:
+        gain = (best.median or 0.0) / (run.settings[0].median or 1.0) - 1
+        out.print(f"Recommended: {best.label} ({gain:+.1%} over the defaults' median, beyond the spread). Add to the "
+                  "spec and converge; nothing was changed on the nodes:", markup=False)
+        out.print(tune.snippet(best), markup=False, end="", highlight=False)
+    raise typer.Exit(run.exit_code)
+
+
 @app.command("replace-node")
 def replace_node_cmd(
     spec: SpecArg,
@@ -947,7 +1005,7 @@ def _cluster_name(arg: str) -> str:
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export", "drift", "trust-host", "discover", "plan", "failover", "watch", "collection-path"}
+            "export", "drift", "trust-host", "discover", "plan", "failover", "watch", "collection-path", "tune"}
 
 
 def main(argv: list[str] | None = None) -> int:

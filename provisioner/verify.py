@@ -40,6 +40,7 @@ from provisioner.fabric import (
     storage,
     switchlinks,
     switchports,
+    tune,
     versions,
 )
 from provisioner.fabric.findings import CheckResult, Finding, Value
@@ -139,6 +140,8 @@ class _Verifier:
         self._switch_gaps: list[Finding] = []
         """What the switch counter sweep could not reach (discovery timeouts, PMA query failures)."""
         self._numactl: dict[str, bool] | None = None
+        self._tools: dict[tuple[str, str], bool] = {}
+        """(host, tool) -> whether ``command -v`` found it (the NCCL launchers)."""
 
     @property
     def lost(self) -> dict[str, str]:
@@ -363,23 +366,30 @@ class _Verifier:
                                                  every, self.lost))
             self.checks += reach.skipped(nccl.CHECK, every, self.lost)
             return
-        found: dict[tuple[str, str], bool] = {}
-
-        def has_tool(host: str, tool: str) -> bool:
-            if (host, tool) not in found:
-                done = self.remote.run_many({host: ["sh", "-c", f"command -v {tool}"]}, timeout=PROBE_TIMEOUT_S)[host]
-                found[host, tool] = done.rc == 0 and bool(done.stdout.strip())
-            return found[host, tool]
-
-        def runner(hosts: Sequence[str], argv: Sequence[str], env: dict[str, str]) -> Completed:
-            return self.remote.run_many({hosts[0]: list(argv)}, timeout=NCCL_TIMEOUT_S, env=env)[hosts[0]]
-
-        result = nccl.check_nccl(cluster, runner, has_tool=has_tool, as_root=self.cluster.spec.ssh.user == "root",
-                                 launch=self.nccl_launch, partitions=self.partitions)
+        result = self.run_nccl(cluster)
         busbw = result.measurements.get("busbw_gbps")
         self.nccl_busbw = float(busbw) if isinstance(busbw, int | float) else None
         self.checks.append(reach.unless_lost(result, every, self.lost))
         self.checks += reach.skipped(nccl.CHECK, every, self.lost)
+
+    def run_nccl(self, cluster: Cluster, settings: Sequence[str] = (), follow_ups: bool = True,
+                 seen: Callable[[str], None] | None = None) -> CheckResult:
+        """One NCCL check over ``cluster`` (see :func:`nccl.check_nccl`); ``seen`` gets each run's output."""
+        def has_tool(host: str, tool: str) -> bool:
+            if (host, tool) not in self._tools:
+                done = self.remote.run_many({host: ["sh", "-c", f"command -v {tool}"]}, timeout=PROBE_TIMEOUT_S)[host]
+                self._tools[host, tool] = done.rc == 0 and bool(done.stdout.strip())
+            return self._tools[host, tool]
+
+        def runner(hosts: Sequence[str], argv: Sequence[str], env: dict[str, str]) -> Completed:
+            done = self.remote.run_many({hosts[0]: list(argv)}, timeout=NCCL_TIMEOUT_S, env=env)[hosts[0]]
+            if seen is not None:
+                seen(done.stdout)
+            return done
+
+        return nccl.check_nccl(cluster, runner, has_tool=has_tool, as_root=self.cluster.spec.ssh.user == "root",
+                               launch=self.nccl_launch, partitions=self.partitions, settings=settings,
+                               follow_ups=follow_ups)
 
     def cabling(self) -> None:
         """Node cables and inter-switch links from one node's ``iblinkinfo``; switch port counters from the same."""
@@ -542,6 +552,14 @@ def write_reports(report: VerifyReport, directory: Path, inventory: Mapping[str,
     symlink_atomic(directory.name, directory.parent / "latest")
 
 
+def serving_partitions(cluster: Cluster, state_dir: Path | None) -> dict[str, str]:
+    """node -> the Slurm partition it serves in now (the spec's membership with the recorded failovers applied)."""
+    if cluster.spec.slurm is None:
+        return {}
+    serving = current_membership(cluster, state_dir_for(cluster.name, state_dir))
+    return {n: parts[0] for n in serving.in_partitions if (parts := serving.partitions_of(n))}
+
+
 def verify(
     cluster: Cluster,
     *,
@@ -571,11 +589,8 @@ def verify(
     started = now()
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
-    partitions: dict[str, str] = {}
     traffic = [name for name in chosen if name in TRAFFIC_CHECKS and name not in lacking]
-    if cluster.spec.slurm is not None and traffic:
-        serving = current_membership(cluster, state_dir_for(cluster.name, state_dir))
-        partitions = {n: parts[0] for n in serving.in_partitions if (parts := serving.partitions_of(n))}
+    partitions = serving_partitions(cluster, state_dir) if traffic else {}
     v = _Verifier(cluster, rem, progress, server_grace_s, nccl_launcher,
                   partitions if nccl_launcher != "mpirun" else {})
     try:
@@ -639,3 +654,57 @@ def run_verify(cluster: Cluster, tests: Iterable[str] | None = None, progress: P
 def findings_text(findings: Iterable[Finding]) -> str:
     """One line per finding, for a plain-text console summary."""
     return "\n".join(f"{f.severity.upper():7s} {f.location()}: {f.message}" for f in findings)
+
+
+@dataclass(frozen=True)
+class TuneRun:
+    """What `provision tune` measured (``settings[0]`` are NCCL's defaults), or why it could not run."""
+
+    settings: list[tune.Setting]
+    error: str | None = None
+    notes: tuple[str, ...] = ()
+
+    @property
+    def exit_code(self) -> int:
+        return 2 if self.error is not None else 0
+
+
+def tune_nccl(cluster: Cluster, *, knobs: Sequence[str] | None = None, repeats: int = tune.DEFAULT_REPEATS,
+              progress: Progress = _quiet, remote: Remote | None = None, state_dir: Path | None = None,
+              nccl_launcher: str = "auto", include_busy: bool = False) -> TuneRun:
+    """Sweep :data:`tune.KNOBS` over the GPU compute nodes the way the NCCL check runs (the same groups and
+    launchers, no follow-ups), leaving out nodes that cannot be reached or run Slurm jobs, and changing nothing."""
+    rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
+    partitions = serving_partitions(cluster, state_dir) if nccl_launcher != "mpirun" else {}
+    v = _Verifier(cluster, rem, progress, 0.5, nccl_launcher, partitions)
+    settings = tune.plan(knobs)
+    try:
+        v.reach()
+        if partitions and not include_busy:
+            v.find_busy([n for n in partitions if n not in v.lost])
+        left_out = [f"{n}: {why}" for n, why in sorted({**v.lost, **v.busy}.items())]
+        for note in left_out:
+            progress(f"left out {note}")
+
+        def measure(env: Mapping[str, str]) -> tune.Sample:
+            outputs: list[str] = []
+            result = v.run_nccl(v.traffic(), [f"{k}={val}" for k, val in env.items()], follow_ups=False,
+                                seen=outputs.append)
+            if result.error is not None:
+                raise _CouldNotRun(result.error + (f" (left out: {'; '.join(left_out)})" if left_out else ""))
+            busbw = result.measurements.get("busbw_gbps")
+            why = "; ".join(f.message for f in result.findings if f.severity == "error")
+            return tune.Sample(float(busbw) if isinstance(busbw, int | float) else None, why,
+                               tune.taken("\n".join(outputs)))
+
+        tune.sweep(settings, measure, repeats, progress)
+    except _CouldNotRun as exc:
+        return TuneRun([s for s in settings if s.samples], str(exc), tuple(v.notes))
+    finally:
+        if remote is None and isinstance(rem, SshRemote):
+            rem.close()
+    return TuneRun(settings, None, tuple([*v.notes, *(f"left out {n}" for n in left_out)]))
+
+
+class _CouldNotRun(Exception):
+    """The all-reduce could not start at all (no launcher, no two nodes, Slurm refused): the sweep stops."""

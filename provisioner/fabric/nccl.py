@@ -45,6 +45,14 @@ EFFICIENCY_KEYS = ("expected_busbw_gbps", "expected_from", "efficiency", "floor_
 NcclRunner = Callable[[Sequence[str], Sequence[str], dict[str, str]], Completed]
 
 DEBUG_ENV = ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET")
+
+
+def debug_env(settings: Sequence[str] = ()) -> tuple[str, ...]:
+    """NCCL's debug settings, then ``settings`` (``NAME=value``, e.g. from `provision tune`): with settings, the ENV
+    subsystem too, so every rank says which it took ("NCCL_ALGO set by environment to Ring", src/misc/param.cc)."""
+    if not settings:
+        return DEBUG_ENV
+    return ("NCCL_DEBUG=INFO", "NCCL_DEBUG_SUBSYS=INIT,NET,ENV", *settings)
 _RANK = re.compile(r"^#?\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+\S+\s+device\s+\d+", re.M)
 _USING = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO NET/IB : Using(?P<devs>.*?);\s*OOB ", re.M)
 _NO_IB = re.compile(r"^(?P<host>[^:\s]+):\d+:\d+ \[\d+\] NCCL INFO NET/IB : No device found", re.M)
@@ -57,7 +65,7 @@ def perf_argv(max_bytes: str) -> list[str]:
 
 
 def mpirun_argv(hostfile: str, nodes: int, gpus_per_node: int, max_bytes: str, *, as_root: bool,
-                ssh_port: int = 22) -> list[str]:
+                ssh_port: int = 22, settings: Sequence[str] = ()) -> list[str]:
     """Open MPI's mpirun over ``hostfile``: one rank per GPU, ``gpus_per_node`` ranks on every node."""
     argv = ["mpirun", "--hostfile", hostfile, "-np", str(nodes * gpus_per_node),
             "--map-by", f"ppr:{gpus_per_node}:node", "--bind-to", "none", "--mca", "plm_rsh_no_tree_spawn", "1"]
@@ -65,7 +73,7 @@ def mpirun_argv(hostfile: str, nodes: int, gpus_per_node: int, max_bytes: str, *
         argv += ["--mca", "plm_rsh_args", f"-p {ssh_port}"]
     if as_root:
         argv.insert(1, "--allow-run-as-root")
-    for setting in DEBUG_ENV:
+    for setting in debug_env(settings):
         argv += ["-x", setting]
     return [*argv, *perf_argv(max_bytes)]
 
@@ -100,12 +108,13 @@ class Launcher:
 MPIRUN = Launcher("mpirun")
 
 
-def srun_argv(names: Sequence[str], gpus_per_node: int, max_bytes: str, launcher: Launcher) -> list[str]:
+def srun_argv(names: Sequence[str], gpus_per_node: int, max_bytes: str, launcher: Launcher,
+              settings: Sequence[str] = ()) -> list[str]:
     """One srun job step over ``names`` (Slurm's node names are the spec's): a rank per GPU, PMIx for MPI_Init.
 
     NCCL's debug settings go in the environment srun exports (its default, ``--export=ALL``): ``--export`` itself
     splits on commas, and NCCL_DEBUG_SUBSYS holds one."""
-    argv = ["env", *DEBUG_ENV, "srun", "--mpi=pmix", "--job-name=provisioner-nccl",
+    argv = ["env", *debug_env(settings), "srun", "--mpi=pmix", "--job-name=provisioner-nccl",
             f"--nodelist={','.join(names)}", f"--nodes={len(names)}", f"--ntasks-per-node={gpus_per_node}",
             "--exclusive", f"--immediate={SRUN_WAIT_S}", f"--time={SRUN_TIME_MIN}", "--kill-on-bad-exit=1"]
     if launcher.partition:
@@ -134,11 +143,11 @@ def hostfile_text(addresses: Sequence[str], gpus_per_node: int) -> str:
 
 
 def launch(addresses: Sequence[str], gpus_per_node: int, max_bytes: str, *, as_root: bool,
-           ssh_port: int = 22) -> list[str]:
+           ssh_port: int = 22, settings: Sequence[str] = ()) -> list[str]:
     """``sh -c`` on the launcher: write the hostfile to a private temp file, run mpirun, remove the file."""
     marker = "@HOSTFILE@"
     command = shlex.join(mpirun_argv(marker, len(addresses), gpus_per_node, max_bytes, as_root=as_root,
-                                     ssh_port=ssh_port))
+                                     ssh_port=ssh_port, settings=settings))
     script = (f"f=$(mktemp) || exit 1; trap 'rm -f \"$f\"' EXIT; "
               f"printf %s {shlex.quote(hostfile_text(addresses, gpus_per_node))} > \"$f\" || exit 1; "
               + command.replace(marker, '"$f"'))
@@ -244,9 +253,12 @@ def launch_groups(cluster: Cluster, nodes: Sequence[Node], launch: str,
 
 
 def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str, str], bool], as_root: bool,
-               launch: str = "mpirun", partitions: Mapping[str, str] | None = None) -> CheckResult:
+               launch: str = "mpirun", partitions: Mapping[str, str] | None = None, settings: Sequence[str] = (),
+               follow_ups: bool = True) -> CheckResult:
     """All-reduce across the GPU compute nodes, one run per P_Key group and launcher (:func:`launch_groups`);
-    on a miss, pairwise follow-ups name the slow node or pair. ``has_tool(host, tool)``: is the launcher there."""
+    on a miss, pairwise follow-ups name the slow node or pair. ``has_tool(host, tool)``: is the launcher there.
+    ``settings`` (``NAME=value``) go to every rank's environment; `provision tune` runs without ``follow_ups``."""
+    run = Run(runner, has_tool, as_root=as_root, settings=tuple(settings), follow_ups=follow_ups)
     nodes = sorted((n for n in cluster.nodes_with_role("compute") if n.gpu_count), key=lambda n: n.name)
     if len(nodes) < 2:
         return CheckResult.could_not_run(CHECK, None, f"needs two GPU compute nodes, found {len(nodes)}")
@@ -258,7 +270,7 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
                                                      for label, g, _ in groups))
     if len(groups) == 1:
         label, group, launcher = groups[0]
-        return _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root, label=label)
+        return _launch_group(cluster, group, run, launcher, label=label)
     findings: list[Finding] = []
     measurements: dict[str, float | int | str | None] = {"nodes": len(nodes), "groups": len(groups)}
     figures: list[float | None] = []
@@ -274,7 +286,7 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
             findings.append(Finding(CHECK, "info", group[0].name, None, None, "another node in its group",
                                     label, alone, ""))
             continue
-        part = _launch_group(cluster, group, runner, launcher, has_tool, as_root=as_root, label=label)
+        part = _launch_group(cluster, group, run, launcher, label=label)
         if part.error is not None:
             unrun.append(f"{label}: {part.error}")
             continue
@@ -298,15 +310,26 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
     return CheckResult.from_findings(CHECK, None, findings, measurements)
 
 
-def _launch_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, launcher: Launcher,
-                  has_tool: Callable[[str, str], bool], *, as_root: bool, label: str) -> CheckResult:
+@dataclass(frozen=True)
+class Run:
+    """How the all-reduces of one check start: the runner, the launcher probe, and what every rank gets."""
+
+    runner: NcclRunner
+    has_tool: Callable[[str, str], bool]
+    as_root: bool
+    settings: tuple[str, ...] = ()
+    follow_ups: bool = True
+
+
+def _launch_group(cluster: Cluster, nodes: Sequence[Node], run: Run, launcher: Launcher, *, label: str
+                  ) -> CheckResult:
     first = nodes[0].name
-    if not has_tool(first, launcher.tool):
+    if not run.has_tool(first, launcher.tool):
         what = ("an MPI launcher (the nccl role installs Open MPI, nccl_mpi_install)" if launcher.kind == "mpirun"
                 else "Slurm's srun (the slurm role installs slurm-client)")
         return CheckResult.could_not_run(CHECK, None, f"no {launcher.tool} on {first}: multi-node nccl-tests need "
                                          + what)
-    return _check_group(cluster, nodes, runner, launcher, as_root=as_root, label=label)
+    return _check_group(cluster, nodes, run, launcher, label=label)
 
 
 def efficiency(nodes: Sequence[Node], cfg: NcclCheck, busbw: float | None) -> dict[str, float | str | None]:
@@ -330,8 +353,8 @@ def _below_floor(label: str, names: Sequence[str], busbw: float, cfg: NcclCheck,
                    "slow node; with every link and pair healthy, `provision tune` looks for NCCL settings")
 
 
-def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, launcher: Launcher, *,
-                 as_root: bool, label: str) -> CheckResult:
+def _check_group(cluster: Cluster, nodes: Sequence[Node], run: Run, launcher: Launcher, *, label: str
+                 ) -> CheckResult:
     cfg = cluster.spec.verify.nccl
     gpus = min(n.gpu_count for n in nodes)
     names = [n.name for n in nodes]
@@ -340,11 +363,11 @@ def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, la
 
     def start(hosts: Sequence[str]) -> Completed:
         if launcher.kind == "srun":
-            argv = srun_argv(hosts, gpus, cfg.max_bytes, launcher)
+            argv = srun_argv(hosts, gpus, cfg.max_bytes, launcher, run.settings)
         else:
-            argv = launch([address[h] for h in hosts], gpus, cfg.max_bytes, as_root=as_root,
-                          ssh_port=cluster.spec.ssh.port)
-        done = runner(hosts, argv, {})
+            argv = launch([address[h] for h in hosts], gpus, cfg.max_bytes, as_root=run.as_root,
+                          ssh_port=cluster.spec.ssh.port, settings=run.settings)
+        done = run.runner(hosts, argv, {})
         outputs[tuple(hosts)] = done
         return done
 
@@ -399,7 +422,7 @@ def _check_group(cluster: Cluster, nodes: Sequence[Node], runner: NcclRunner, la
     elif floor is not None and busbw < floor:
         findings.append(_below_floor(label, names, busbw, cfg, eff))
     findings += [Finding(CHECK, "warning", None, None, None, None, w, f"NCCL warned: {w}", "") for w in warns]
-    if busbw is None or why or (floor is not None and busbw < floor):
+    if run.follow_ups and (busbw is None or why or (floor is not None and busbw < floor)):
         findings += follow_up(names, busbw_of, floor)
     return CheckResult.from_findings(CHECK, None, findings, measurements)
 

@@ -76,6 +76,8 @@ def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
         env["NCCL_IB_TC"] = str(roce.traffic_class)
     if rails and node.gpu_count and cluster.spec.gpudirect.mode == "dmabuf":
         env["NCCL_DMABUF_ENABLE"] = "1"  # the default, said explicitly: dmabuf mode loads no nvidia_peermem
+    if node.gpu_count:
+        env.update(cluster.spec.software.nccl_env)  # the site's own (e.g. `provision tune`'s), over the derived
     return env
 
 

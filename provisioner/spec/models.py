@@ -30,6 +30,8 @@ ProfileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,40}$")
 DeviceExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+(\[[0-9,-]+\])?$", max_length=40)]
 NetDev = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,15}$")]
 NetDevExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:\[\],-]{1,256}$")]
+NcclName = Annotated[str, StringConstraints(pattern=r"^NCCL_[A-Z0-9_]{1,60}$")]
+NcclValue = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.,:=^+-]{1,256}$")]
 Cidr = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}$")]
 DeviceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]
 IpoibName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
@@ -194,6 +196,9 @@ class Software(Strict):
     perftest: Version = Field("25.10.0-0.128", description="perftest release the perftest_cuda role builds with CUDA "
                               "(linux-rdma/perftest tag) for the GPUDirect bandwidth check.")
     lustre_client: Version | None = Field(None, description="Lustre client version, when Lustre mounts exist.")
+    nccl_env: dict[NcclName, NcclValue] = Field(
+        default_factory=dict, description="NCCL settings for /etc/nccl.conf on every GPU node, over those the spec "
+        "implies (NCCL_IB_HCA, ...): e.g. what `provision tune` measured and recommends.")
 
     @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", mode="before")
     @classmethod
