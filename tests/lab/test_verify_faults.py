@@ -410,6 +410,21 @@ def test_nccl_slow_fails_without_a_floor_in_the_spec_and_blames_no_cable(labc: L
     assert_only_blamed(run, {"gpu02"})
 
 
+def test_tune_runs_the_sweep_in_the_lab_and_recommends_nothing_the_lab_cannot_show(labc: Lab) -> None:
+    """provision tune over the lab's real mpirun path: every setting runs, NCCL reports taking it, and with no
+    simulated effect (no public source for one) nothing beats the defaults beyond the spread."""
+    from provisioner.fabric import tune
+    from provisioner.verify import tune_nccl
+
+    run = tune_nccl(labc.cluster, knobs=["NCCL_IB_QPS_PER_CONNECTION"], repeats=2)
+    assert run.error is None, run.error
+    assert [(s.label, len(s.figures), s.confirmed) for s in run.settings] == [
+        ("NCCL defaults", 2, True), ("NCCL_IB_QPS_PER_CONNECTION=2", 2, True),
+        ("NCCL_IB_QPS_PER_CONNECTION=4", 2, True)]
+    assert 85.0 < (run.settings[0].median or 0) < 96.0
+    assert tune.recommend(run.settings) is None
+
+
 def test_unreachable_node_is_could_not_run_not_a_hang(labc: Lab) -> None:
     """SSH to gpu01 is down: one "could not run" for it, its bandwidth pairs skipped, gpu02-gpu03 measured."""
     inject(labc, "gpu01", "unreachable", method="pause")

@@ -548,6 +548,23 @@ def test_all_reduce_slow_nccl_with_healthy_links(lab: Path) -> None:
     assert 0.55 < slow / full < 0.65
 
 
+def test_all_reduce_reports_the_tune_knobs_taken_and_they_change_nothing(lab: Path) -> None:
+    """provision tune's knobs: each rank says it took them (NCCL's INFO ENV lines, a period after integers) and,
+    with no public source for their effect on a cluster like the lab's, the bus bandwidth is the defaults'."""
+    from provisioner.fabric import tune
+
+    activate_all(lab)
+    base = avg_busbw(mpirun(lab, *PERF).stdout)
+    knobs = ("-x", "NCCL_DEBUG=INFO", "-x", "NCCL_DEBUG_SUBSYS=INIT,NET,ENV", "-x", "NCCL_ALGO=Tree",
+             "-x", "NCCL_IB_QPS_PER_CONNECTION=4")
+    result = mpirun(lab, *knobs, *PERF)
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"^\S+:\d+:\d+ \[\d+\] NCCL INFO NCCL_IB_QPS_PER_CONNECTION set by environment to 4\.$",
+                     result.stdout, re.M), result.stdout
+    assert tune.taken(result.stdout) == {"NCCL_ALGO": "Tree", "NCCL_IB_QPS_PER_CONNECTION": "4"}
+    assert avg_busbw(result.stdout) == base
+
+
 def test_all_reduce_started_by_srun_with_pmix_is_one_job_and_without_pmi_aborts(lab: Path) -> None:
     """A step of ``srun --mpi=pmix --ntasks-per-node=2`` over gpu01-02: each task has what slurmstepd's PMIx server
     gives it (tests/fixtures/slurm/srun_pmix_env.txt): one job of 4 ranks. Without PMIx, MPI_Init aborts."""

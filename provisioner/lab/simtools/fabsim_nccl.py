@@ -30,6 +30,10 @@ Bus-bandwidth model (large messages), see docs/lab-hardware-model.md ("Tool mode
   NVLink figure; x 0.5 when any node lacks ``nvidia_peermem`` (no GPUDirect RDMA:
   33 -> 93 GB/s once enabled in NVIDIA/nccl issue #1412, "half" in issue #465); sockets
   (~1.2 GB/s) when a node selects no HCA or sets NCCL_IB_DISABLE=1;
+- NCCL_ALGO, NCCL_PROTO, NCCL_IB_QPS_PER_CONNECTION, NCCL_MIN_NCHANNELS and NCCL_NET_GDR_LEVEL are reported
+  taken (``NCCL INFO <name> set by environment to <value>``, a period after integers, with the ENV subsystem) and
+  change nothing: no public source states their effect on a cluster like the lab's, so `provision tune` in the lab
+  proves the mechanism, not an optimum;
 - x the lowest ``nccl_factor`` of the run's nodes (lab fault ``nccl_slow``: NCCL slow while perftest reaches line
   rate, NVIDIA/nccl issue #2409);
 - latency 12 us (one node) / 20 us (several) added per operation, so small sizes are
@@ -66,6 +70,9 @@ LAT_US = {True: 12.0, False: 20.0}
 NCCL_VERSION_FILE = "nccl.version"
 """Marker the stand-in libnccl2 installs in the lab libdir: {"version": "2.21.5", "cuda": "12.4"}."""
 MAX_IB_DEVS = 32  # net_ib.cc
+TUNE_PARAMS = ("NCCL_ALGO", "NCCL_PROTO", "NCCL_IB_QPS_PER_CONNECTION", "NCCL_MIN_NCHANNELS", "NCCL_NET_GDR_LEVEL")
+INT_PARAMS = {"NCCL_IB_QPS_PER_CONNECTION", "NCCL_MIN_NCHANNELS"}
+"""NCCL_PARAM integers print "<name> set by environment to <n>." (a period); strings print none (tuning.cc)."""
 JOBS_DIR = "nccl-jobs"
 WAIT_ENV = "PROVISIONER_LAB_NCCL_WAIT_S"
 SYSROOT_ENV = "PROVISIONER_LAB_SYSROOT"
@@ -428,6 +435,9 @@ def nccl_lines(info: RankInfo, settings: Mapping[str, str], dbg: Debug, node: Ma
         if not os.path.isfile(sysroot_path(topo)) and dbg.warn():
             out.append(f"{info.host}:{info.pid}:{tid} [{info.local_rank * info.ngpus}] graph/xml.cc:392 NCCL WARN"
                        f" Could not open XML topology file {topo} : No such file or directory")
+    if dbg.info(SUBSYS["ENV"]):  # the knobs `provision tune` sweeps; taken, not simulated (no effect on busbw)
+        out += [prefix + f"{name} set by environment to {settings[name]}{'.' if name in INT_PARAMS else ''}"
+                for name in TUNE_PARAMS if name in settings]
     if info.ib_disabled:
         if dbg.info(SUBSYS["ENV"]):
             out.append(prefix + "NCCL_IB_DISABLE set by environment to 1.")
