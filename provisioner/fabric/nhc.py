@@ -29,6 +29,8 @@ from pathlib import Path
 
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster, Node
+from provisioner.spec.ipoib import nfs_server_address
+from provisioner.spec.rules import members
 
 _LAST_NUMBER = re.compile(r"^(?P<prefix>.*?)(?P<num>\d+)(?P<suffix>[^\d]*)$")
 SM_SERVICE = {"nvidia": ("opensm", "opensmd"), "upstream": ("opensm", "opensm")}
@@ -36,20 +38,18 @@ SM_SERVICE = {"nvidia": ("opensm", "opensmd"), "upstream": ("opensm", "opensm")}
 
 
 def _mount_targets(cluster: Cluster, node: Node) -> list[tuple[str, str, str]]:
-    """(fstype, source, mountpoint) of every NFS/Lustre mount the spec puts on ``node``."""
-
-    def applies(on: str) -> bool:
-        if on in node.roles:
-            return True
-        try:
-            return node.name in hostlist.expand(on)
-        except hostlist.HostlistError:
-            return False
-
+    """(fstype, source, mountpoint) of every NFS/Lustre mount the spec puts on ``node``, the source written as the
+    roles mount it: NHC's check_fs_mount compares it with /proc/mounts, where an NFS mount over IPoIB shows the
+    server's IPoIB address (``10.30.0.21:/export/shared``), not the server's name."""
     storage = cluster.spec.storage
-    out = [("nfs" if m.version == "3" else "nfs4", f"{m.server}:{m.export}", m.mount)
-           for m in storage.nfs.mounts if applies(m.on)]
-    out += [("lustre", f"{':'.join(fs.mgs)}:/{fs.fsname}", fs.mount) for fs in storage.lustre if applies(fs.on)]
+    out = []
+    for m in storage.nfs.mounts:
+        clients = members(m.on, cluster)
+        if node.name in clients:
+            out.append(("nfs" if m.version == "3" else "nfs4", f"{nfs_server_address(cluster, m, clients)}:{m.export}",
+                        m.mount))
+    out += [("lustre", f"{':'.join(fs.mgs)}:/{fs.fsname}", fs.mount) for fs in storage.lustre
+            if node.name in members(fs.on, cluster)]
     return out
 
 

@@ -58,6 +58,35 @@ def test_nhc_targets_follow_nhc_range_rules(names: list[str], targets: list[str]
     assert nhc_targets(names) == targets
 
 
+EXAMPLES = sorted([*(ROOT / "examples").glob("*.yaml"), ROOT / "examples/lab/cluster.yaml"])
+
+
+@pytest.mark.parametrize("spec", EXAMPLES, ids=lambda p: p.name if p.parent.name == "examples" else "lab")
+def test_nhc_names_each_mount_as_the_roles_mount_it(spec: Path) -> None:
+    """NHC's check_fs_mount compares the source with /proc/mounts: it must be what the nfs_client role mounts
+    (roles/nfs_client: what = server ~ ':' ~ export, from the rendered nfs_client_mounts) and the lustre_client
+    role (What = mgs:.../fsname). The lab's mount is sm1's IPoIB address, which NHC named sm1 before: every client
+    would have been marked down."""
+    from provisioner.fabric.nhc import node_checks
+    from provisioner.render import build_inventory
+
+    cluster, _ = load_cluster(spec)
+    hostvars = build_inventory(cluster).hostvars
+    mounted = 0
+    for node in cluster.nodes:
+        role = {(m["path"], f"{m['server']}:{m['export']}") for m in hostvars[node.name].get("nfs_client_mounts", [])}
+        role |= {(m["path"], f"{':'.join(m['mgs'])}:/{m['fsname']}")
+                 for m in hostvars[node.name].get("lustre_client_mounts", [])}
+        nhc = {(m["f"], m["s"]) for c in node_checks(cluster, node)
+               if (m := re.match(r'check_fs_mount_rw -t "[^"]+" -s "(?P<s>[^"]+)" -f "(?P<f>[^"]+)"', c))}
+        assert nhc == role, node.name
+        mounted += len(role)
+    if spec.parent.name == "lab":
+        assert mounted and ("/shared", "10.30.0.21:/export/shared") in {
+            (m["f"], m["s"]) for c in node_checks(cluster, cluster.node("gpu01"))
+            if (m := re.match(r'check_fs_mount_rw -t "[^"]+" -s "(?P<s>[^"]+)" -f "(?P<f>[^"]+)"', c))}
+
+
 def test_nhc_conf_is_one_file_with_node_ranges_and_starts_nothing() -> None:
     conf = _render(ROOT / "examples/lab/cluster.yaml", "nhc.conf")
     checks = [line for line in conf.splitlines() if "||" in line]
