@@ -41,6 +41,15 @@ GPU_MODELS: dict[str, GpuModel] = {
     )
 }
 
+STACK_GAPS: dict[str, str] = {
+    # NVIDIA Fabric Manager user guide (release 2.3), "Systems Using Fourth Generation NVSwitches" and "What is
+    # NVLink Subnet Manager?": on HGX B200/B100 baseboards fabric manager needs NVLSM to train the NVSwitch fabric
+    "B200-SXM-180GB": "NVIDIA's NVLink Subnet Manager (nvlsm), which fabric manager needs on the fourth-generation "
+                      "NVSwitch baseboards of HGX B200 (Fabric Manager user guide 2.3)",
+}
+"""GPU models in the catalog whose NVSwitch boards need software no role installs yet: what is missing, and where
+that is documented. A spec naming one with ``nvswitch: true`` is refused (rule GPU-STACK-MISSING)."""
+
 # InfiniBand generation names to the per-lane data rate in Gb/s, as ibstat's Rate is computed (4X FDR = 56).
 IB_SPEEDS: dict[str, float] = {
     "SDR": 2.5, "DDR": 5.0, "QDR": 10.0, "FDR10": 10.0, "FDR": 14.0, "EDR": 25.0,

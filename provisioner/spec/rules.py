@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from provisioner.spec import hostlist
-from provisioner.spec.catalog import GPU_MODELS
+from provisioner.spec.catalog import GPU_MODELS, STACK_GAPS
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.diagnostics import Severity
 from provisioner.spec.yamlload import Path
@@ -98,6 +98,19 @@ def _pcie_nvswitch(c: Cluster, rep: Reporter, r: Rule) -> None:
                 r.report(rep, ("profiles", pname, "gpu", "nvswitch"),
                          f"{prof.gpu.model} is a PCIe card but profile '{pname}' claims NVSwitch",
                          "set nvswitch: false or use the SXM model")
+
+
+@rule("GPU-STACK-MISSING", "error",
+      "A GPU model the catalog knows whose NVSwitch board needs software no role installs yet would converge "
+      "without it and fail at the first NCCL run; the spec is refused, naming what is missing.")
+def _stack_missing(c: Cluster, rep: Reporter, r: Rule) -> None:
+    for pname, prof in c.spec.profiles.items():
+        gap = STACK_GAPS.get(prof.gpu.model) if prof.gpu and prof.gpu.nvswitch else None
+        if prof.gpu and gap:
+            r.report(rep, ("profiles", pname, "gpu", "model"),
+                     f"{prof.gpu.model} with NVSwitch (profile '{pname}') needs {gap}: no role installs it yet",
+                     "install and start it yourself before `provision` (and say so here), or wait for a release "
+                     "whose roles do; docs/spec-reference.md lists the catalog")
 
 
 @rule("RAIL-MIXED-RATE", "warning",

@@ -292,6 +292,14 @@ def test_blackwell_needs_open_modules() -> None:
     assert ("COMPAT-GPU-DRIVER", 3, 51, "error") in diags(text)
 
 
+def test_a_catalog_model_whose_stack_no_role_installs_is_refused_naming_what_is_missing() -> None:
+    text = BASE.replace('driver: {version: "550.90.07"}', 'driver: {version: "570.133.20", kernel_modules: open}'
+                        ).replace("H100-SXM5-80GB", "B200-SXM-180GB")
+    [d] = [d for d in load_text(text, "c.yaml").diagnostics if d.rule == "GPU-STACK-MISSING"]
+    assert d.severity == "error" and "NVLink Subnet Manager (nvlsm)" in d.message and "no role installs" in d.message
+    assert "GPU-STACK-MISSING" not in rules_of(BASE)  # H100 HGX: fabric manager alone trains its NVSwitches
+
+
 def test_leaf_uplinks_beyond_spine_ports() -> None:
     two_tier = BASE.replace("{name: leaf1, ports: 64, uplinks: 0}",
                             "{name: leaf1, ports: 64, uplinks: 32}\n  - {name: \"spine[1-2]\", tier: spine, ports: 15}")
