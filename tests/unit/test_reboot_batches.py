@@ -160,6 +160,9 @@ def test_the_drain_lets_a_node_without_slurm_reboot(tmp_path: Path) -> None:
     (tmp_path / "play.yml").write_text(yaml.safe_dump(play))
     bare_path = tmp_path / "bin"   # the controller's PATH: python, pgrep, no Slurm
     bare_path.mkdir()
+    # this node runs no job steps, whatever the test machine runs (a lab's slurmd in a container shows in pgrep)
+    (bare_path / "pgrep").write_text("#!/bin/sh\nexit 1\n")
+    (bare_path / "pgrep").chmod(0o755)
     inventory = {"all": {"vars": {"ansible_connection": "local", "ansible_python_interpreter": sys.executable,
                                   "slurm_enabled": True, "slurm_controller": "n1",
                                   "slurm_nodes": [{"name": "n1", "address": "n1", "gpus": 8}]},
