@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import difflib
 import json
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -88,7 +87,7 @@ def _dump(header: str, data: dict[str, Any]) -> str:
 def render_files(cluster: Cluster, inv: Inventory | None = None) -> dict[str, str]:
     """Every file of the rendered inventory, keyed by path relative to the output directory."""
     inv = inv or build_inventory(cluster)
-    spec_name = os.path.basename(cluster.file)
+    spec_name = cluster.source  # shown, control characters escaped: a newline would end the comment
     files: dict[str, str] = {}
     files["hosts.yml"] = _ENV.get_template("hosts.yml.j2").render(
         spec_file=spec_name, hosts=[n.name for n in cluster.nodes], groups=inv.groups)

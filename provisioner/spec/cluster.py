@@ -7,9 +7,11 @@ Each entity keeps `path`, the place in the YAML it came from, so rules can point
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+from provisioner.spec.diagnostics import printable
 from provisioner.spec.models import Spec
 from provisioner.spec.yamlload import Path
 
@@ -111,6 +113,12 @@ class Cluster:
     @property
     def name(self) -> str:
         return self.spec.cluster.name
+
+    @property
+    def source(self) -> str:
+        """The spec file's name as the comments of generated files show it: a file name may hold a newline, which
+        would end the comment and make the rest of the name a line of YAML or configuration."""
+        return printable(os.path.basename(self.file))
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

@@ -17,8 +17,14 @@ from provisioner.spec import hostlist
 Severity = Literal["error", "warning"]
 
 
+def printable(text: str) -> str:
+    """``text`` with every character that is not printable (a newline, a control or line-separator character)
+    written as its Python escape: one line, which no reader of a generated file can take for more than text."""
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 def _one_line(text: str) -> str:
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in " ".join(text.split()))
+    return printable(" ".join(text.split()))
 
 
 @dataclass(frozen=True, order=True)
