@@ -5,16 +5,21 @@ substitution, an ssh option)."""
 from __future__ import annotations
 
 import os
+import shutil
+import socket
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
+from ansible.plugins.connection import ConnectionBase
 
+from provisioner.cli import main
 from provisioner.export.slurm import export_gres, export_topology
 from provisioner.fabric.nhc import export_nhc
-from provisioner.render import render_files
+from provisioner.render import build_inventory, render_files
 from provisioner.spec import load_cluster
 from provisioner.spec.cluster import Cluster
 
@@ -100,3 +105,94 @@ def test_a_plain_spec_name_with_spaces_and_unicode_is_shown_as_is(tmp_path: Path
     cluster = spec_at(tmp_path / "my cluster — été.yaml")
     for rel, text in render_files(cluster).items():
         assert header_line(text).startswith("# Rendered by provisioner from my cluster — été.yaml — do not"), rel
+
+
+# --- the spec's directory in the ssh arguments ---------------------------------------------------------------
+def common_args(cluster: Cluster, spec_dir: Path) -> str:
+    """ansible_ssh_common_args as ansible reads it back from the rendered group_vars/all.yml."""
+    allv = yaml.load(render_files(cluster)["group_vars/all.yml"], Loader=TagLoader)
+    tag, value = allv["ansible_ssh_common_args"]
+    assert tag == "!unsafe"
+    return str(value)
+
+
+def closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def openssh(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    """ssh as ansible starts it, to a loopback port nothing listens on: it fails, unless a ProxyCommand runs."""
+    argv = ["ssh", "-F", "/dev/null", *args, "-o", "BatchMode=yes", "-o", "ControlMaster=no", "-o",
+            "ConnectTimeout=5", "-p", str(closed_port()), "127.0.0.1", "true"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False, cwd=cwd)
+
+
+def ssh_config(args: list[str]) -> dict[str, str]:
+    """What ssh makes of the options (`ssh -G`: the configuration it would use; it connects nowhere)."""
+    done = subprocess.run(["ssh", "-G", "-F", "/dev/null", *args, "node"], capture_output=True, text=True,
+                          timeout=60, check=True)
+    return dict(ln.partition(" ")[::2] for ln in done.stdout.splitlines())
+
+
+needs_ssh = pytest.mark.skipif(shutil.which("ssh") is None, reason="needs the OpenSSH client (ssh)")
+
+
+@needs_ssh
+def test_a_spec_dir_with_a_quote_and_an_ssh_option_stays_one_path(tmp_path: Path) -> None:
+    """Was: `-o UserKnownHostsFile=<dir>/known_hosts` unquoted, so ansible's shlex split made the rest of the
+    directory's name ssh options of their own, and ssh ran the ProxyCommand (touch) on the control node."""
+    spec_dir = tmp_path / "x '-oProxyCommand=touch ran' -oSendEnv=y"
+    argv = ConnectionBase._split_ssh_args(common_args(spec_at(spec_dir / "cluster.yaml"), spec_dir))
+    kh = spec_dir / "known_hosts"
+    assert argv == ["-o", "StrictHostKeyChecking=yes", "-o", f'UserKnownHostsFile="{kh}"', "-o",
+                    "ControlMaster=auto", "-o", "ControlPersist=60s"]
+    seen = ssh_config(argv)
+    assert seen["userknownhostsfile"] == str(kh) and "proxycommand" not in seen and "sendenv" not in seen
+    done = openssh(argv, tmp_path)
+    assert not (tmp_path / "ran").exists(), "a ProxyCommand from the spec's directory ran on the control node"
+    assert done.returncode == 255 and "Connection refused" in done.stderr, done.stderr
+
+
+@needs_ssh
+def test_a_spec_dir_with_spaces_and_a_substitution_stays_one_path(tmp_path: Path) -> None:
+    spec_dir = tmp_path / "my site" / "$(touch ran) `touch ran` ; #x"
+    argv = ConnectionBase._split_ssh_args(common_args(spec_at(spec_dir / "cluster.yaml"), spec_dir))
+    assert argv[3] == f'UserKnownHostsFile="{spec_dir / "known_hosts"}"'
+    assert ssh_config(argv)["userknownhostsfile"] == str(spec_dir / "known_hosts")
+    openssh(argv, tmp_path)
+    assert not (tmp_path / "ran").exists()
+
+
+@pytest.mark.parametrize(("name", "char"), [("100%", "%"), ("${HOME}", "$"), ('say "hi"', '"'), ("a\\b", "\\"),
+                                            ("two\nlines", "\n")])
+def test_what_ssh_would_rewrite_in_a_path_is_refused(tmp_path: Path, name: str, char: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """ssh expands %-tokens and ${VAR} in UserKnownHostsFile and IdentityFile, and reads '"' and '\\' as its own
+    quoting: no quoting keeps such a path intact, so `provision render` says which path and character, exit 2."""
+    spec = tmp_path / name / "cluster.yaml"
+    spec_at(spec)
+    rc = main(["render", str(spec), "--out", str(tmp_path / "state")])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith("provision: error: ssh.known_hosts: the path ") and repr(char) in lines[0], lines[0]
+    assert not (tmp_path / "state" / "inventory").exists()
+
+
+def test_the_key_path_is_held_to_the_same_rule(tmp_path: Path) -> None:
+    """ansible writes ansible_ssh_private_key_file into `-o IdentityFile="<path>"` itself: a '"' in it ends
+    ansible's quotes, a '%' is a token to ssh."""
+    from provisioner.errors import UsageError
+    from provisioner.render.ssh import ssh_path
+
+    assert ssh_path("/srv/my site/$(x)/id", "ssh.key") == "/srv/my site/$(x)/id"
+    with pytest.raises(UsageError, match=r"ssh.key: the path '/srv/a\"b/id' has '\"'"):
+        ssh_path('/srv/a"b/id', "ssh.key")
+    cluster = spec_at(tmp_path / "100%" / "cluster.yaml")
+    cluster.spec.ssh.known_hosts, cluster.spec.ssh.key = "/srv/kh", "keys/id"
+    with pytest.raises(UsageError, match=r"ssh.key: the path .*100%.* has '%'"):
+        build_inventory(cluster)
+

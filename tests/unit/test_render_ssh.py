@@ -100,6 +100,19 @@ def test_openssh_reaches_the_node_through_the_bastion(site: Site) -> None:
     assert site.node.log.commands == ["echo through-the-bastion"]
 
 
+def test_openssh_reaches_the_node_with_known_hosts_under_an_odd_directory(site: Site, tmp_path: Path) -> None:
+    """A spec directory with spaces, a quote and a shell substitution (issue #26): ssh reads the whole path as the
+    one known_hosts file, checks the node against it and runs nothing of the name (was: split into words)."""
+    odd = tmp_path / "my site" / "it's $(touch ran)"
+    odd.mkdir(parents=True)
+    shutil.copy(site.known_hosts, odd / "known_hosts")
+    args = ssh_common_args(known_hosts=str(odd / "known_hosts"), key=None)
+    done = _openssh(site, args, "-o", "ControlMaster=no")
+    assert (done.returncode, done.stdout) == (0, "through-the-bastion\n"), done.stderr
+    assert site.node.log.commands == ["echo through-the-bastion"] and site.bastion.log.connections == 0
+    assert not list(tmp_path.rglob("ran"))
+
+
 def test_openssh_refuses_an_unknown_bastion_key(site: Site, tmp_path: Path) -> None:
     only_node = tmp_path / "known_hosts.node"
     only_node.write_text(f"[127.0.0.1]:{site.node.port} {site.node.host_key.get_name()} "
