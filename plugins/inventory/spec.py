@@ -113,11 +113,11 @@ class InventoryModule(BaseInventoryPlugin):  # type: ignore[misc]
             raise AnsibleParserError(f"provisioner is not importable from this Python: {exc}") from exc
         try:
             res = load_spec(spec, overlay)
+            if res.errors or res.cluster is None:
+                raise AnsibleParserError("\n".join(d.format() for d in res.errors))
+            inv = build_inventory(res.cluster)  # refuses paths ssh would not read as paths (provisioner.render.ssh)
         except ProvisionerError as exc:
             raise AnsibleParserError(f"{path}: {exc}") from None
-        if res.errors or res.cluster is None:
-            raise AnsibleParserError("\n".join(d.format() for d in res.errors))
-        inv = build_inventory(res.cluster)
         for node in res.cluster.nodes:
             self.inventory.add_host(node.name)
         for group, hosts in inv.groups.items():

@@ -4,6 +4,7 @@ substitution, an ssh option)."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -196,3 +197,17 @@ def test_the_key_path_is_held_to_the_same_rule(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match=r"ssh.key: the path .*100%.* has '%'"):
         build_inventory(cluster)
 
+
+def test_the_inventory_plugin_refuses_the_path_at_its_source(tmp_path: Path) -> None:
+    """Through `ansible-inventory` (AWX) the same refusal, prefixed with the inventory source: no hosts, no
+    traceback, no inventory with a path ssh would read otherwise."""
+    spec_dir = tmp_path / "100%"
+    spec_at(spec_dir / "cluster.yaml")
+    config = spec_dir / "cluster.provisioner.yml"
+    config.write_text("plugin: provisioner.cluster.spec\nspec: cluster.yaml\n")
+    exe = Path(sys.executable).parent / "ansible-inventory"
+    done = subprocess.run([str(exe), "-i", str(config), "--list"], capture_output=True, text=True, timeout=120,
+                          check=False, cwd=ROOT)
+    assert f"{config}: ssh.known_hosts: the path '{spec_dir / 'known_hosts'}' has '%'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
+    assert json.loads(done.stdout)["_meta"]["hostvars"] == {}
