@@ -32,6 +32,7 @@ from provisioner import interrupt
 from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.quiet_warnings import pythonwarnings
+from provisioner.render.ssh import ssh_rewrites
 
 REDACTED = "********"
 MIN_SECRET_LEN = 4  # shorter values would shred the artifacts when scrubbed; vault files hold real secrets
@@ -330,8 +331,26 @@ def control_path_dir(state_dir: Path) -> Path:
     return Path.home() / ".ansible" / "cp"
 
 
+def _state_path(state_dir: Path) -> Path:
+    """The state directory, resolved, if ansible.cfg and ssh read it back as written; else a one-line UsageError.
+
+    ansible-core reads ansible.cfg with ``ConfigParser(inline_comment_prefixes=(';',))``: a ``;`` after a space
+    starts a comment (the fact cache went to the directory above) and a newline another line. The control path
+    directory reaches ssh inside ansible's ``ControlPath="<dir>/<hash>"``, where ssh reads ``%``, ``${``, ``"``
+    and ``\\`` as its own (:func:`provisioner.render.ssh.ssh_rewrites`)."""
+    path = state_dir.resolve()
+    bad = ";" if ";" in str(path) else ssh_rewrites(str(path))
+    if bad is not None:
+        raise UsageError(f"the state directory {str(path)!r} has {bad!r}, which ansible.cfg or ssh would not read "
+                         "as part of a path",
+                         hint="give --out a directory whose path has no ;, %, ${, double quote, backslash or "
+                              "control character")
+    return path
+
+
 def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path | None = None) -> dict[str, dict[str, str]]:
     """The ansible.cfg sections for one run: why each setting is there is said next to it."""
+    state_dir = _state_path(state_dir)
     return {
         "defaults": {
             # the package's roles (provisioner.collection), run as plain roles with the plugins they carry
@@ -438,7 +457,7 @@ def run_playbook(
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist", hint="run `provision render` first")
     pdd = Path(private_data_dir).resolve()
-    sdir = Path(state_dir).resolve() if state_dir is not None else pdd
+    sdir = _state_path(Path(state_dir) if state_dir is not None else pdd)  # refused before anything is made
     secret_files = [Path(v) for v in secret_files]
     secret_set: set[str] = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
     for vf in secret_files:

@@ -57,12 +57,18 @@ def _plain(path: str, what: str) -> str:
     return path
 
 
+def ssh_rewrites(path: str) -> str | None:
+    """The first character of ``path`` that ssh would not keep as part of a file name, or None."""
+    found = _SSH_REWRITES.search(path)
+    return found.group()[0] if found else None
+
+
 def ssh_path(path: str, what: str) -> str:
     """``path`` if ssh takes it as one file name once quoted (:func:`_ssh_option`); else a :class:`UsageError`
     naming the path and the character (``what``: the spec field it comes from)."""
-    found = _SSH_REWRITES.search(path)
-    if found:
-        raise UsageError(f"{what}: the path {path!r} has {found.group()[0]!r}, which ssh reads as a token, a "
+    bad = ssh_rewrites(path)
+    if bad is not None:
+        raise UsageError(f"{what}: the path {path!r} has {bad!r}, which ssh reads as a token, a "
                          "variable or its own quoting, not as part of a file name",
                          hint="keep the spec and these files under a directory whose path has no %, ${, "
                               "double quote, backslash or control character")

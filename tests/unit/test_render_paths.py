@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -211,3 +212,41 @@ def test_the_inventory_plugin_refuses_the_path_at_its_source(tmp_path: Path) -> 
     assert f"{config}: ssh.known_hosts: the path '{spec_dir / 'known_hosts'}' has '%'" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
     assert json.loads(done.stdout)["_meta"]["hostvars"] == {}
+
+
+# --- the state directory (--out) in the per-run ansible.cfg and ssh's ControlPath --------------------------------
+def ansible_reads(cfg_text: str, where: Path) -> dict[str, str]:
+    """The settings as ansible-core reads the per-run ansible.cfg back (`ansible-config dump`)."""
+    cfg = where / "ansible.cfg"
+    cfg.write_text(cfg_text)
+    exe = Path(sys.executable).parent / "ansible-config"
+    done = subprocess.run([str(exe), "dump", "-t", "all"], capture_output=True, text=True, timeout=120, check=True,
+                          env={**os.environ, "ANSIBLE_CONFIG": str(cfg)}, cwd=where)
+    return {k.strip(): v.strip() for k, _, v in (ln.partition("=") for ln in done.stdout.splitlines()) if v}
+
+
+def test_a_state_dir_with_spaces_reaches_ansible_as_given(tmp_path: Path) -> None:
+    from provisioner.runner import ansible_settings, render_ansible_cfg
+
+    state = tmp_path / "my state" / "it's $(x)"
+    seen = ansible_reads(render_ansible_cfg(ansible_settings(state, forks=3)), tmp_path)
+    assert seen[f"CACHE_PLUGIN_CONNECTION({tmp_path / 'ansible.cfg'})"] == str(state / "facts")
+
+
+@pytest.mark.parametrize(("name", "char"), [("a ;b", ";"), ("100%", "%"), ('say "hi"', '"'), ("two\nlines", "\n")])
+def test_a_state_dir_ansible_or_ssh_would_read_otherwise_is_refused(tmp_path: Path, name: str, char: str) -> None:
+    """Was: ansible.cfg took ' ;' as the start of a comment (the fact cache went to the directory above), and ssh
+    read ansible's ControlPath="<state>/cp/<hash>" with its own tokens and quotes (every connection failed)."""
+    from provisioner.errors import UsageError
+    from provisioner.runner import ansible_settings, render_ansible_cfg
+
+    with pytest.raises(UsageError, match=r"the state directory .* has " + re.escape(repr(char))):
+        render_ansible_cfg(ansible_settings(tmp_path / name, forks=3))
+    # a run is refused before it makes anything there
+    from provisioner.runner import run_playbook
+
+    (tmp_path / "site.yml").write_text("- hosts: all\n  gather_facts: false\n  tasks: []\n")
+    (tmp_path / "inventory.yml").write_text("all: {hosts: {alpha: {ansible_connection: local}}}\n")
+    with pytest.raises(UsageError, match=r"the state directory .* has " + re.escape(repr(char))):
+        run_playbook(tmp_path / "site.yml", tmp_path / "inventory.yml", private_data_dir=tmp_path / name)
+    assert not (tmp_path / name).exists()
