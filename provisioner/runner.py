@@ -48,6 +48,9 @@ _MAX_CONTROL_DIR_LEN = 80
 _ENV_KEEP_PREFIXES = ("ANSIBLE_", "AWX_", "RUNNER_")
 _ENV_KEEP = frozenset({"PATH", "HOME", "LANG", "LC_ALL", "USER", "PYTHONPATH", "VIRTUAL_ENV", "SHELL", "TERM"})
 
+_TEMPLATE_MARKS = ("{{", "{%", "{#")
+"""Where Jinja starts: extra vars go to ansible as trusted JSON on the command line, so they may hold none."""
+
 _DEFAULT_COLLECTIONS_PATH = ("~/.ansible/collections", "/usr/share/ansible/collections")  # ansible-core's default
 
 EventHandler = Callable[[dict[str, Any]], None]
@@ -467,6 +470,10 @@ def run_playbook(
         if secret_values(val) & frozen:
             raise UsageError(f"extra var '{key}' holds a secret",
                              hint="put secrets in a vars file (or ansible-vault), never in extra vars")
+        if any(mark in text for text in secret_values(val) for mark in _TEMPLATE_MARKS):
+            raise UsageError(f"extra var '{key}' holds a template ({{{{, {{% or {{#}}), which ansible would run",
+                             hint="extra vars carry names and numbers from the spec and the state directory: "
+                                  "check the swap record there")
 
     n_forks = forks or DEFAULT_FORKS
     pdd.mkdir(parents=True, exist_ok=True, mode=0o700)

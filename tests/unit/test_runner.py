@@ -376,3 +376,20 @@ def test_runs_do_not_inherit_the_package_collections_path(tmp_path: Path) -> Non
         "ANSIBLE_COLLECTIONS_PATH": str(tmp_path),
         "ANSIBLE_COLLECTIONS_PATHS": "~/.ansible/collections:/usr/share/ansible/collections"}
     assert collections_path_env({"HOME": "/root"}) == {}
+
+
+def test_a_template_in_an_extra_var_is_refused_not_run(tmp_path: Path) -> None:
+    """Extra vars reach ansible as JSON on the command line, where ansible-core treats them as trusted templates;
+    they are built from the spec and the state directory (slurm_failed comes from the swap record), so a
+    `{{ lookup('pipe', ...) }}` there would run on the control node. Refused, naming the variable (was: ran)."""
+    (tmp_path / "inventory.yml").write_text("all: {hosts: {alpha: {ansible_connection: local}}}\n")
+    (tmp_path / "site.yml").write_text("- hosts: all\n  gather_facts: false\n  tasks:\n"
+                                       "    - ansible.builtin.debug: {var: slurm_failed}\n")
+    marker = tmp_path / "ran"
+    with pytest.raises(UsageError, match=r"extra var 'slurm_failed' holds a template"):
+        run_playbook(tmp_path / "site.yml", tmp_path / "inventory.yml", private_data_dir=tmp_path / "pdd",
+                     extravars={"slurm_failed": ["gpu01", "{{ lookup('pipe', 'touch " + str(marker) + "') }}"]})
+    assert not marker.exists()
+    plain = run_playbook(tmp_path / "site.yml", tmp_path / "inventory.yml", private_data_dir=tmp_path / "pdd",
+                         extravars={"slurm_failed": ["gpu01"], "provisioner_reboot_serial": 2})
+    assert plain.ok_hosts == ["alpha"], plain.error
