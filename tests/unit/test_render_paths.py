@@ -167,6 +167,19 @@ def test_a_spec_dir_with_spaces_and_a_substitution_stays_one_path(tmp_path: Path
     assert not (tmp_path / "ran").exists()
 
 
+def test_a_template_in_the_spec_dir_stays_text_for_ansible(tmp_path: Path) -> None:
+    """Every path from the spec's directory is written `!unsafe` (write._plain): ansible shows the template and
+    runs nothing (a guard: this held before issue #26 too)."""
+    spec_dir = tmp_path / LOOKUP
+    cluster = spec_at(spec_dir / "cluster.yaml")
+    out = tmp_path / "inventory"
+    write_files(render_files(cluster), out)
+    for var in ("provisioner_known_hosts", "ansible_ssh_common_args", "vendor_repos_cuda"):
+        done = ansible_debug(out, var, tmp_path)
+        assert done.returncode == 0 and "{{ lookup(" in done.stdout, done.stdout + done.stderr
+    assert not (tmp_path / "ran").exists()
+
+
 @pytest.mark.parametrize(("name", "char"), [("100%", "%"), ("${HOME}", "$"), ('say "hi"', '"'), ("a\\b", "\\"),
                                             ("two\nlines", "\n")])
 def test_what_ssh_would_rewrite_in_a_path_is_refused(tmp_path: Path, name: str, char: str,
