@@ -20,6 +20,7 @@ from provisioner.errors import ProvisionerError, SpecInvalid
 from provisioner.fabric import registry as check_registry
 from provisioner.interrupt import Interrupted
 from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
+from provisioner.spec.diagnostics import printable
 from provisioner.state import state_dir_for
 
 EPILOG = """\b
@@ -93,7 +94,7 @@ def validate(
     else:
         _print_diagnostics(res.diagnostics)
         n_nodes = len(res.cluster.nodes) if res.cluster else 0
-        summary = f"{spec}: {len(res.errors)} error(s), {len(res.warnings)} warning(s)"
+        summary = f"{printable(str(spec))}: {len(res.errors)} error(s), {len(res.warnings)} warning(s)"
         if res.cluster is not None and not res.errors:
             summary += f"; {n_nodes} nodes, {len(res.cluster.switches)} switches"
         err.print(summary, markup=False)

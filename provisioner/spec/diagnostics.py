@@ -38,10 +38,10 @@ class Diagnostic:
     hint: str = ""
 
     def format(self) -> str:
-        """One line, always: control characters from the input are shown escaped, never printed."""
+        """One line, always: control characters from the input (and the file's name) are shown escaped."""
         tail = f" ({_one_line(self.hint)})" if self.hint else ""
         level = "" if self.severity == "error" else "warning: "
-        return f"{self.file}:{self.line}:{self.col}: {self.rule}: {level}{_one_line(self.message)}{tail}"
+        return f"{printable(self.file)}:{self.line}:{self.col}: {self.rule}: {level}{_one_line(self.message)}{tail}"
 
     def to_json(self) -> dict[str, object]:
         return {

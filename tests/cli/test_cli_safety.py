@@ -99,3 +99,16 @@ def test_malformed_journal_is_one_line(capsys: pytest.CaptureFixture[str], tmp_p
     rc, out, err = run(capsys, "up", str(H100), "--out", str(tmp_path), "--resume", "--json")
     assert rc == 2, out + err
     assert "journal" in one_error_line(out, err)
+
+
+def test_a_spec_name_with_control_characters_stays_one_line(capsys: pytest.CaptureFixture[str],
+                                                           tmp_path: Path) -> None:
+    """Issue #26: the file name leads every diagnostic; a newline or an escape sequence in it was printed raw (a
+    second line, terminal control), now escaped like the message."""
+    spec = tmp_path / "c\n\x1b[2Jx.yaml"
+    spec.write_text(H100.read_text().replace("priority: 15", "priority: 99", 1))
+    rc, out, err = run(capsys, "validate", str(spec))
+    assert rc == 1, out + err
+    first = one_error_line(out, err)
+    assert first.startswith(f"{tmp_path}/c\\n\\x1b[2Jx.yaml:"), first
+    assert "\x1b" not in out + err
