@@ -36,7 +36,7 @@ from provisioner import interrupt
 from provisioner.collection import ContentMissing, require_playbook
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.hostpattern import select_hosts
-from provisioner.runner import PlaybookResult, RunnerError, run_playbook
+from provisioner.runner import PlaybookResult, RunnerError, ansible_state_dir, run_playbook
 from provisioner.spec.hostlist import compress
 from provisioner.state import (
     HostProgress,
@@ -528,6 +528,7 @@ def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runn
     if state_dir is not None and options.out is None:
         options = replace(options, out=str(state_dir))
     sdir = state_dir_for(cluster.name, state_dir)
+    ansible_state_dir(sdir)  # refused before anything is locked, recorded or rendered there
     run_id = new_run_id()
     groups = build_inventory(cluster).groups
     with run_lock(sdir, run_id=run_id, command="provision up" + (" --check" if options.check else "")):

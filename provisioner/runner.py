@@ -334,7 +334,7 @@ def control_path_dir(state_dir: Path) -> Path:
     return Path.home() / ".ansible" / "cp"
 
 
-def _state_path(state_dir: Path) -> Path:
+def ansible_state_dir(state_dir: Path) -> Path:
     """The state directory, resolved, if ansible.cfg and ssh read it back as written; else a one-line UsageError.
 
     ansible-core reads ansible.cfg with ``ConfigParser(inline_comment_prefixes=(';',))``: a ``;`` after a space
@@ -353,7 +353,7 @@ def _state_path(state_dir: Path) -> Path:
 
 def ansible_settings(state_dir: Path, *, forks: int, roles_path: Path | None = None) -> dict[str, dict[str, str]]:
     """The ansible.cfg sections for one run: why each setting is there is said next to it."""
-    state_dir = _state_path(state_dir)
+    state_dir = ansible_state_dir(state_dir)
     return {
         "defaults": {
             # the package's roles (provisioner.collection), run as plain roles with the plugins they carry
@@ -460,7 +460,7 @@ def run_playbook(
     if not inventory.exists():
         raise UsageError(f"inventory {inventory} does not exist", hint="run `provision render` first")
     pdd = Path(private_data_dir).resolve()
-    sdir = _state_path(Path(state_dir) if state_dir is not None else pdd)  # refused before anything is made
+    sdir = ansible_state_dir(Path(state_dir) if state_dir is not None else pdd)  # refused before anything is made
     secret_files = [Path(v) for v in secret_files]
     secret_set: set[str] = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
     for vf in secret_files:

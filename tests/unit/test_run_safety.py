@@ -229,3 +229,14 @@ def test_verify_and_replace_node_wait_for_no_run(tmp_path: Path, capsys: pytest.
     finally:
         holder.communicate("", timeout=30)
     assert main(["status", str(LAB), "--out", str(tmp_path / "st")]) == 0  # the lock went with its process
+
+
+def test_a_state_dir_ansible_would_misread_is_refused_before_the_run(tmp_path: Path, playbooks: Path) -> None:
+    """Issue #26: the run engine refuses the state directory (here with ' ;', an ansible.cfg comment) before it
+    takes the lock, writes a journal or renders, not at the first playbook with a run half recorded."""
+    r = Runner()
+    state = tmp_path / "st ;x"
+    quiet = {"verify": lambda ctx: StepOutcome(), "report": lambda ctx: StepOutcome()}
+    with pytest.raises(UsageError, match=r"the state directory .* has ';'"):
+        provision_run(LAB, RunOptions(max_fail=50), state_dir=state, runner=r, playbooks_dir=playbooks, steps=quiet)
+    assert r.calls == [] and not state.exists()
