@@ -149,3 +149,13 @@ def test_cached_manifests_are_read_from_the_state_dir(lab: Cluster, tmp_path: Pa
     found, missing = cached_manifests(tmp_path, ["gpu01", "gpu02", "gpu03"])
     assert list(found) == ["gpu01"]
     assert "unreadable" in missing["gpu02"] and "no cached manifest" in missing["gpu03"]
+
+
+def test_the_spec_name_in_the_summary_is_one_line(lab: Cluster) -> None:
+    """Issue #26: a spec file name with a newline or an escape sequence was printed raw in the plan's first line."""
+    from dataclasses import replace
+
+    odd = replace(lab, file="/srv/c\n\x1b[2Jx.yaml")
+    lines = summary_lines(make_plan(odd, fleet(odd), {}, spec_membership(odd)))
+    assert lines[0].startswith(f"plan for {odd.name} (/srv/c\\n\\x1b[2Jx.yaml; "), lines[0]
+    assert not any("\x1b" in ln for ln in lines)
