@@ -1022,8 +1022,8 @@ def main(argv: list[str] | None = None) -> int:
         errors = sum(1 for d in exc.diagnostics if isinstance(d, Diagnostic) and d.severity == "error")
         err.print(f"the spec has {errors} error(s); fix them and run again", markup=False)
         return exc.exit_code
-    except ProvisionerError as exc:
-        err.print(f"provision: error: {exc}", markup=False)
+    except ProvisionerError as exc:  # one line: a path or name in the message may hold a newline or an escape
+        err.print(f"provision: error: {printable(str(exc))}", markup=False)
         return exc.exit_code
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -1035,7 +1035,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:  # a file or directory the command needs cannot be read or written: could not run
         where = f"{exc.filename}: " if exc.filename else ""
-        err.print(f"provision: error: {where}{exc.strerror or exc}", markup=False)
+        err.print(f"provision: error: {printable(f'{where}{exc.strerror or exc}')}", markup=False)
         return 2
     except Exception as exc:  # click usage errors and anything unexpected: one line, never a traceback
         format_message = getattr(exc, "format_message", None)

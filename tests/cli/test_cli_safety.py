@@ -112,3 +112,13 @@ def test_a_spec_name_with_control_characters_stays_one_line(capsys: pytest.Captu
     first = one_error_line(out, err)
     assert first.startswith(f"{tmp_path}/c\\n\\x1b[2Jx.yaml:"), first
     assert "\x1b" not in out + err
+
+
+def test_an_error_naming_a_path_with_control_characters_is_one_line(capsys: pytest.CaptureFixture[str],
+                                                                   tmp_path: Path) -> None:
+    """Issue #26: an error message carries the path as given (here a spec that does not exist); its newline and
+    escape sequence were printed raw."""
+    rc, out, err = run(capsys, "render", str(tmp_path / "nope\n\x1b[2Jx.yaml"))
+    assert rc == 2, out + err
+    assert len((out + err).strip().splitlines()) == 1 and "\x1b" not in out + err, out + err
+    assert "nope\\n\\x1b[2Jx.yaml: no such file" in err, err
