@@ -424,6 +424,19 @@ def build_cmdline(*, check: bool, diff: bool, secret_files: Iterable[Path], vaul
 
 # ---------------------------------------------------------------------------------------------------------
 
+def _check_extravars(extravars: Mapping[str, Any], secrets: frozenset[str]) -> None:
+    """Extra vars reach the command line as JSON that ansible-core trusts: no secret, and no template."""
+    for key, val in extravars.items():
+        texts = secret_values(val)  # every leaf as text
+        if texts & secrets:
+            raise UsageError(f"extra var '{key}' holds a secret",
+                             hint="put secrets in a vars file (or ansible-vault), never in extra vars")
+        if any(mark in text for text in texts for mark in _TEMPLATE_MARKS):
+            raise UsageError(f"extra var '{key}' holds a template ({{{{, {{% or {{#}}), which ansible would run",
+                             hint="extra vars carry names and numbers from the spec and the state directory: "
+                                  "check the swap record there")
+
+
 def run_playbook(
     playbook: Path | str,
     inventory_dir: Path | str,
@@ -466,14 +479,7 @@ def run_playbook(
     for vf in secret_files:
         secret_set |= read_secret_file(vf)
     frozen = frozenset(secret_set)
-    for key, val in (extravars or {}).items():
-        if secret_values(val) & frozen:
-            raise UsageError(f"extra var '{key}' holds a secret",
-                             hint="put secrets in a vars file (or ansible-vault), never in extra vars")
-        if any(mark in text for text in secret_values(val) for mark in _TEMPLATE_MARKS):
-            raise UsageError(f"extra var '{key}' holds a template ({{{{, {{% or {{#}}), which ansible would run",
-                             hint="extra vars carry names and numbers from the spec and the state directory: "
-                                  "check the swap record there")
+    _check_extravars(extravars or {}, frozen)
 
     n_forks = forks or DEFAULT_FORKS
     pdd.mkdir(parents=True, exist_ok=True, mode=0o700)
