@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -67,7 +68,6 @@ def test_nhc_names_each_mount_as_the_roles_mount_it(spec: Path) -> None:
     (roles/nfs_client: what = server ~ ':' ~ export, from the rendered nfs_client_mounts) and the lustre_client
     role (What = mgs:.../fsname). The lab's mount is sm1's IPoIB address, which NHC named sm1 before: every client
     would have been marked down."""
-    from provisioner.fabric.nhc import node_checks
     from provisioner.render import build_inventory
 
     cluster, _ = load_cluster(spec)
@@ -77,14 +77,19 @@ def test_nhc_names_each_mount_as_the_roles_mount_it(spec: Path) -> None:
         role = {(m["path"], f"{m['server']}:{m['export']}") for m in hostvars[node.name].get("nfs_client_mounts", [])}
         role |= {(m["path"], f"{':'.join(m['mgs'])}:/{m['fsname']}")
                  for m in hostvars[node.name].get("lustre_client_mounts", [])}
-        nhc = {(m["f"], m["s"]) for c in node_checks(cluster, node)
-               if (m := re.match(r'check_fs_mount_rw -t "[^"]+" -s "(?P<s>[^"]+)" -f "(?P<f>[^"]+)"', c))}
-        assert nhc == role, node.name
+        assert nhc_mounts(cluster, node) == role, node.name
         mounted += len(role)
     if spec.parent.name == "lab":
-        assert mounted and ("/shared", "10.30.0.21:/export/shared") in {
-            (m["f"], m["s"]) for c in node_checks(cluster, cluster.node("gpu01"))
-            if (m := re.match(r'check_fs_mount_rw -t "[^"]+" -s "(?P<s>[^"]+)" -f "(?P<f>[^"]+)"', c))}
+        assert mounted and ("/shared", "10.30.0.21:/export/shared") in nhc_mounts(cluster, cluster.node("gpu01"))
+
+
+def nhc_mounts(cluster: Any, node: Any) -> set[tuple[str, str]]:
+    """(mountpoint, source) of the node's check_fs_mount_rw lines."""
+    from provisioner.fabric.nhc import node_checks
+
+    found = (re.match(r'check_fs_mount_rw -t "[^"]+" -s "(?P<s>[^"]+)" -f "(?P<f>[^"]+)"', c)
+             for c in node_checks(cluster, node))
+    return {(m["f"], m["s"]) for m in found if m}
 
 
 def test_nhc_conf_is_one_file_with_node_ranges_and_starts_nothing() -> None:
