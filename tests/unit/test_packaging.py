@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 PHASE_ROLES = ("preflight", "vendor_repos", "doca_ofed", "nvidia_driver", "opensm", "nfs_server", "slurm")
@@ -48,6 +49,20 @@ def test_collections_the_roles_use_come_with_the_package() -> None:
     for coll in sorted(used):
         ns, name = coll.split(".")
         assert f"ansible_collections/{ns}/{name}/MANIFEST.json" in shipped, f"{coll} is not in the ansible package"
+    # and the collection says so itself, for ansible-galaxy and AWX
+    galaxy = yaml.safe_load((ROOT / "provisioner/ansible_collections/provisioner/cluster/galaxy.yml").read_text())
+    assert set(galaxy["dependencies"]) == used
+
+
+def test_every_role_needs_the_ansible_the_collection_needs() -> None:
+    """meta/runtime.yml requires ansible-core >= 2.19 (the roles use its templating); no role may claim less."""
+    runtime = yaml.safe_load((ROOT / "provisioner/ansible_collections/provisioner/cluster/meta/runtime.yml")
+                             .read_text())
+    floor = re.match(r">=([0-9.]+?)(\.0)?,", runtime["requires_ansible"])
+    assert floor is not None
+    claimed = {p.parent.parent.name: str(yaml.safe_load(p.read_text())["galaxy_info"]["min_ansible_version"])
+               for p in (ROOT / "roles").glob("*/meta/main.yml")}
+    assert len(claimed) >= 16 and set(claimed.values()) == {floor.group(1)}, claimed
 
 
 def under_root(path: str) -> bool:
