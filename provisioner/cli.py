@@ -143,13 +143,15 @@ def parse_cmd(
 
     if tool not in PARSERS:
         raise UsageError(f"unknown tool '{tool}'", hint="one of " + ", ".join(sorted(PARSERS)))
+    from provisioner.userfile import MAX_USER_FILE_BYTES, read_user_bytes
+
     if file == "-":
-        text = sys.stdin.read()
-    else:
-        try:
-            text = Path(file).read_text(encoding="utf-8", errors="replace")
-        except OSError as exc:
-            raise UsageError(f"{file}: {exc.strerror or exc}") from None
+        text = sys.stdin.read(MAX_USER_FILE_BYTES + 1)
+        if len(text) > MAX_USER_FILE_BYTES:
+            raise UsageError(f"standard input: more than {MAX_USER_FILE_BYTES} bytes is too large for a "
+                             "captured output")
+    else:  # a capture may hold stray bytes (a serial console): they become U+FFFD, the parser judges the rest
+        text = read_user_bytes(file, "a captured output").decode("utf-8", errors="replace")
     out.print_json(json.dumps(parse(tool, text), sort_keys=True))
 
 
@@ -242,6 +244,7 @@ def up(
     """
     from provisioner.phases import RunOptions, provision_run, summary_lines
     from provisioner.progress import JsonReporter, LiveReporter
+    from provisioner.runner import read_secret_file
 
     if rolling:
         _rolling(spec, overlay, out_dir, batch, max_wait, peers, resume,
@@ -256,6 +259,8 @@ def up(
                       tags=[t for item in tags or [] for t in item.split(",") if t],
                       forks=forks, max_fail=max_fail, resume=resume, overlay=str(overlay) if overlay else None,
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
+    for secrets_file in opts.secret_files:  # a pipe, a huge or broken file is refused before a journal opens
+        read_secret_file(secrets_file)
     steps = _verify_steps(spec, overlay, out_dir)
     hook = _drift_hook(spec, overlay)
     live = LiveReporter(err)  # drawn only without --json; what it printed is left out of the summary
@@ -661,13 +666,11 @@ def _expected_fingerprints(chosen: list[str], fingerprint: str | None, fingerpri
     """``{node: SHA256:...}`` from --fingerprints FILE and --fingerprint (one node): trust-host's and discover's."""
     from provisioner.errors import UsageError
     from provisioner.trust import check_fingerprint, parse_fingerprints
+    from provisioner.userfile import read_user_text
 
     expected: dict[str, str] = {}
     if fingerprints is not None:
-        try:
-            text = fingerprints.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise UsageError(f"{fingerprints}: cannot read ({exc.strerror})") from None
+        text = read_user_text(fingerprints, "a fingerprints file")
         expected.update(parse_fingerprints(text, str(fingerprints)))
     if fingerprint is not None:
         if len(chosen) != 1:

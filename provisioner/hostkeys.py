@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, NoReturn
 import paramiko
 
 from provisioner.errors import RemoteError, UsageError
+from provisioner.userfile import read_user_bytes, read_user_text
 
 if TYPE_CHECKING:
     from provisioner.remote import Bastion, JumpTarget, SshTarget
@@ -93,6 +94,7 @@ def load_known_hosts(target: SshTarget) -> paramiko.HostKeys:
             f"known_hosts file {target.known_hosts} does not exist",
             hint="create it with the nodes' verified keys (ssh.known_hosts in the spec names it)",
         )
+    read_user_bytes(target.known_hosts, "a known_hosts file")  # a pipe or a huge file is refused, not loaded
     keys = paramiko.HostKeys()
     try:
         keys.load(str(target.known_hosts))
@@ -197,7 +199,7 @@ def recorded_host_keys(target: SshTarget) -> list[paramiko.PKey]:
         return []
     keys: list[paramiko.PKey] = []
     names = names_of(target)
-    for line in target.known_hosts.read_text(encoding="utf-8").splitlines():
+    for line in read_user_text(target.known_hosts, "a known_hosts file").splitlines():
         if not line_is_for(line, names):
             continue
         entry = paramiko.hostkeys.HostKeyEntry.from_line(line)
@@ -213,7 +215,7 @@ def _rewrite(target: SshTarget, key: paramiko.PKey, note: str | None) -> list[st
     from provisioner.state import write_text_atomic
 
     path = target.known_hosts
-    lines = path.read_text(encoding="utf-8").splitlines() if path.is_file() else []
+    lines = read_user_text(path, "a known_hosts file").splitlines() if path.is_file() else []
     names = names_of(target)
     old = [ln for ln in lines if note is not None and line_is_for(ln, names)]
     kept = [f"# {note}: {ln.strip()}" if ln in old else ln for ln in lines]

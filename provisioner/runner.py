@@ -33,6 +33,7 @@ from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.quiet_warnings import pythonwarnings
 from provisioner.render.ssh import ssh_rewrites
+from provisioner.userfile import read_user_text
 
 REDACTED = "********"
 MIN_SECRET_LEN = 4  # shorter values would shred the artifacts when scrubbed; vault files hold real secrets
@@ -248,10 +249,7 @@ def secret_values(data: Any) -> set[str]:
 
 def read_secret_file(path: Path) -> set[str]:
     """The values of a plain YAML secrets file. A vault-encrypted file yields none (its text is not secret)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise UsageError(f"{path}: cannot read the secrets file: {exc.strerror or exc}") from None
+    text = read_user_text(path, "a secrets file")
     if text.lstrip().startswith("$ANSIBLE_VAULT"):
         return set()
     try:

@@ -9,9 +9,7 @@ from __future__ import annotations
 
 import copy
 import difflib
-import os
 import re
-import stat
 import types
 import typing
 from dataclasses import dataclass, field, replace
@@ -20,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from provisioner.errors import SpecInvalid, UsageError
+from provisioner.errors import SpecInvalid
 from provisioner.gcpause import without_gc
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
@@ -29,8 +27,9 @@ from provisioner.spec.diagnostics import Diagnostic, Severity, fold
 from provisioner.spec.models import Spec
 from provisioner.spec.reserved import ReservedName
 from provisioner.spec.yamlload import Located, Path, load_yaml
+from provisioner.userfile import MAX_USER_FILE_BYTES, read_user_text
 
-MAX_SPEC_BYTES = 16 * 1024 * 1024
+MAX_SPEC_BYTES = MAX_USER_FILE_BYTES
 
 
 @dataclass
@@ -457,35 +456,10 @@ def _deep_merge(base: Any, over: Any) -> Any:
 
 
 # --- entry points ----------------------------------------------------------------------------------------------
-def read_spec_text(path: str | FsPath) -> str:
-    """The text of a spec or overlay file: a regular file of at most MAX_SPEC_BYTES, UTF-8.
-
-    The type and size are checked on the open file before anything is read, so a FIFO, a device such as
-    /dev/zero or a huge file is refused at once instead of hanging the run or filling memory."""
-    p = FsPath(path)
-    try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOCTTY", 0))
-    except FileNotFoundError:
-        raise UsageError(f"{p}: no such file", hint="give the path of your cluster.yaml") from None
-    except IsADirectoryError:
-        raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml") from None
-    except OSError as exc:
-        raise UsageError(f"{p}: cannot open ({exc.strerror or exc})") from None
-    with os.fdopen(fd, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        if stat.S_ISDIR(st.st_mode):
-            raise UsageError(f"{p}: is a directory", hint="give the path of your cluster.yaml")
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{p}: not a regular file (a pipe or a device)", hint="give the path of a YAML file")
-        if st.st_size > MAX_SPEC_BYTES:
-            raise UsageError(f"{p}: {st.st_size} bytes is too large for a cluster spec (at most {MAX_SPEC_BYTES})")
-        data = fh.read(MAX_SPEC_BYTES + 1)
-    if len(data) > MAX_SPEC_BYTES:
-        raise UsageError(f"{p}: more than {MAX_SPEC_BYTES} bytes is too large for a cluster spec")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise UsageError(f"{p}: not UTF-8 text (byte {exc.start})", hint="save the spec as UTF-8") from None
+def read_spec_text(path: str | FsPath, what: str = "a spec file") -> str:
+    """The text of a spec or overlay file, read bounded (:mod:`provisioner.userfile`): a FIFO, a device, a
+    directory or a file over MAX_SPEC_BYTES is refused at once."""
+    return read_user_text(path, what)
 
 
 OVERLAY_KEYS = frozenset(Spec.model_fields) | {"addresses"}
@@ -666,7 +640,7 @@ def load_spec(path: str | FsPath, overlay: str | FsPath | None = None) -> LoadRe
     text = read_spec_text(path)
     over: Located | None = None
     if overlay is not None:
-        loc, probs = load_yaml(read_spec_text(overlay), str(overlay))
+        loc, probs = load_yaml(read_spec_text(overlay, "an overlay file"), str(overlay))
         if probs:
             return LoadResult(None, _finish([Diagnostic(str(overlay), p.mark.line, p.mark.col, p.rule, "error",
                                                         p.message, p.hint) for p in probs]))
