@@ -23,6 +23,7 @@ that measure or record (verify, report) do not run; and no later `--resume` cont
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import socket
@@ -311,7 +312,22 @@ class Engine:
                 self.reporter.run_finished(journal)
                 exc.journal = journal
                 raise
+            except Exception as exc:  # a secrets file broken mid-run, a step's bug: the journal is not left running
+                self._close_failed(journal, exc)
+                self.reporter.run_finished(journal)
+                raise
         return journal
+
+    def _close_failed(self, journal: RunJournal, exc: Exception) -> None:
+        """The phase under way ended on an error (its hosts complete nothing); the journal is closed as failed."""
+        what = str(exc) if isinstance(exc, ProvisionerError) else f"{type(exc).__name__}: {exc}"
+        why = f"the run ended on an error: {what}"
+        if journal.phases and journal.phases[-1].status == "pending":
+            rec = journal.phases[-1]
+            rec.status, rec.ended, rec.note = "error", utcnow(), why
+        journal.status, journal.stop_reason, journal.ended = "failed", why, utcnow()
+        with contextlib.suppress(OSError):  # the state dir itself may be what failed: the first error is the one
+            save_journal(self.state_dir, journal)
 
     def _close_interrupted(self, journal: RunJournal, signum: int) -> None:
         """The phase under way is interrupted (its hosts complete nothing); the journal is closed, not running."""

@@ -20,6 +20,7 @@ import configparser
 import io
 import json
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -255,8 +256,39 @@ def read_secret_file(path: Path) -> set[str]:
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise UsageError(f"{path}: the secrets file is not YAML: {exc}") from None
+        raise UsageError(f"{_yaml_error_place(path, text, exc)}: the secrets file is not YAML: "
+                         f"{_yaml_error_what(exc)}") from None
     return secret_values(data)
+
+
+_QUOTED = re.compile(r"'[^'\n]*'|\"[^\"\n]*\"")
+
+
+def _yaml_error_place(path: Path, text: str, exc: yaml.YAMLError) -> str:
+    """``file:line:col`` of a YAML error: where the construct began for an unclosed quote or bracket (noticed only
+    at the end of the file), else where the parser gave up."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        cm, pm = exc.context_mark, exc.problem_mark
+        m = cm if cm is not None and exc.context and not exc.context.startswith("while parsing a block") else pm
+        return f"{path}:{m.line + 1}:{m.column + 1}" if m is not None else str(path)
+    if isinstance(exc, yaml.reader.ReaderError):
+        before = text[: exc.position]
+        return f"{path}:{before.count(chr(10)) + 1}:{exc.position - (before.rfind(chr(10)) + 1) + 1}"
+    return str(path)
+
+
+def _yaml_error_what(exc: yaml.YAMLError) -> str:
+    """The problem in PyYAML's words without the file's text: PyYAML's own message quotes the offending line
+    (in a secrets file, the secret) and some problems quote a token; those are cut out."""
+    if isinstance(exc, yaml.MarkedYAMLError):
+        said = ": ".join(p for p in (exc.context, exc.problem) if p) or "invalid YAML"
+        m, cm = exc.problem_mark, exc.context_mark
+        if m is not None and cm is not None and m.line != cm.line:
+            said += f" (at line {m.line + 1})"
+        return _QUOTED.sub("'…'", said)
+    if isinstance(exc, yaml.reader.ReaderError):
+        return "a character YAML does not allow (binary data or a wrong encoding?)"
+    return type(exc).__name__
 
 
 def _variants(secret: str) -> list[str]:
