@@ -45,6 +45,7 @@ from provisioner.state import (
     RunJournal,
     close_dead_runs,
     new_run_id,
+    private_dir,
     resumable_run,
     run_lock,
     runs_dir,
@@ -304,7 +305,7 @@ class Engine:
         run_dir = runs_dir(self.state_dir) / self.run_id
         with interrupt.interruptible(), interrupt.on_abort(lambda signum: self._close_interrupted(journal, signum)):
             try:
-                run_dir.mkdir(parents=True, exist_ok=True)
+                private_dir(run_dir)  # artifacts and facts of a check run: node data, the operator's only
                 save_journal(self.state_dir, journal)
                 self._phases(plan, journal, run_dir)
             except interrupt.Interrupted as exc:

@@ -34,6 +34,7 @@ from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.quiet_warnings import pythonwarnings
 from provisioner.render.ssh import ssh_rewrites
+from provisioner.state import make_files_private, private_dir
 from provisioner.userfile import read_user_text
 
 REDACTED = "********"
@@ -513,7 +514,8 @@ def run_playbook(
 
     n_forks = forks or DEFAULT_FORKS
     pdd.mkdir(parents=True, exist_ok=True, mode=0o700)
-    (sdir / "facts").mkdir(parents=True, exist_ok=True)
+    facts_dir = private_dir(sdir / "facts")  # node facts: the operator's only (the cache writes its files 0644)
+    make_files_private(facts_dir)
     cp_dir = control_path_dir(sdir)
     cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     cfg = pdd / "ansible.cfg"
@@ -586,6 +588,7 @@ def run_playbook(
             raise RunnerError(f"ansible-runner could not run {playbook.name}: {exc}") from exc
         artifact_dir = Path(r.config.artifact_dir)
         scrub_artifacts(artifact_dir, frozen)
+        make_files_private(facts_dir)
         if interrupt.requested() is not None:  # interrupted while it ran: ansible-playbook was stopped
             interrupt.kill_run_processes(pdd)  # and nothing it started (a worker's module process) lives on
             interrupt.check()

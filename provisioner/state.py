@@ -25,6 +25,7 @@ import json
 import os
 import secrets as _secrets
 import socket
+import stat
 import tempfile
 import time
 from collections.abc import Iterator
@@ -70,6 +71,23 @@ def fsync_dir(directory: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def private_dir(directory: Path) -> Path:
+    """``directory`` (and its parents) created, and made 0700 when it already existed looser: what it holds is
+    node data (facts, artifacts, reports) for the operator only."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    if stat.S_IMODE(directory.stat().st_mode) != 0o700:
+        os.chmod(directory, 0o700)
+    return directory
+
+
+def make_files_private(directory: Path) -> None:
+    """Every regular file directly under ``directory`` made 0600 (Ansible's jsonfile cache writes 0644)."""
+    for entry in os.scandir(directory):
+        if entry.is_file(follow_symlinks=False) and stat.S_IMODE(entry.stat(follow_symlinks=False).st_mode) != 0o600:
+            with contextlib.suppress(FileNotFoundError):  # a concurrent cache write replaced it
+                os.chmod(entry.path, 0o600)
 
 
 def write_text_atomic(path: Path, text: str, *, mode: int = 0o644) -> None:

@@ -54,7 +54,7 @@ from provisioner.slurm.ctl import SlurmCtl, SlurmError
 from provisioner.slurm.membership import current as current_membership
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster, Node
-from provisioner.state import state_dir_for, symlink_atomic, write_text_atomic
+from provisioner.state import private_dir, state_dir_for, symlink_atomic, write_text_atomic
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
@@ -544,11 +544,14 @@ _REREAD: dict[str, Callable[[_Verifier], None]] = {
 
 
 def write_reports(report: VerifyReport, directory: Path, inventory: Mapping[str, Mapping[str, str]]) -> None:
-    """report.json, junit.xml, report.html and inventory.json under ``directory``; ``latest`` points at it."""
-    write_text_atomic(directory / "report.json", to_json(report))
-    write_text_atomic(directory / "junit.xml", to_junit(report))
-    write_text_atomic(directory / "report.html", to_html(report))
-    write_text_atomic(directory / "inventory.json", json.dumps(inventory, indent=2, sort_keys=True) + "\n")
+    """report.json, junit.xml, report.html and inventory.json under ``directory``; ``latest`` points at it.
+    They hold what the nodes reported and their addresses: the directory and files are the operator's only."""
+    private_dir(directory)
+    write_text_atomic(directory / "report.json", to_json(report), mode=0o600)
+    write_text_atomic(directory / "junit.xml", to_junit(report), mode=0o600)
+    write_text_atomic(directory / "report.html", to_html(report), mode=0o600)
+    write_text_atomic(directory / "inventory.json", json.dumps(inventory, indent=2, sort_keys=True) + "\n",
+                      mode=0o600)
     symlink_atomic(directory.name, directory.parent / "latest")
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -37,6 +38,9 @@ from provisioner.runner import (
 )
 
 SECRET = "Zq9-planted-SECRET-7781"
+ROOT = Path(__file__).resolve().parents[2]
+ROLES = ROOT / "roles"
+PLAYBOOKS_DIR = ROOT / "playbooks"
 
 INVENTORY = """\
 all:
@@ -393,3 +397,66 @@ def test_a_template_in_an_extra_var_is_refused_not_run(tmp_path: Path) -> None:
     plain = run_playbook(tmp_path / "site.yml", tmp_path / "inventory.yml", private_data_dir=tmp_path / "pdd",
                          extravars={"slurm_failed": ["gpu01"], "provisioner_reboot_serial": 2})
     assert plain.ok_hosts == ["alpha"], plain.error
+
+
+def _role_setup_task(role: str) -> dict[str, Any]:
+    """The role's own fact-gathering task, as shipped (roles gather facts themselves; plays gather none)."""
+    import yaml
+
+    tasks = yaml.safe_load((ROLES / role / "tasks" / "main.yml").read_text())
+    task = next(t for t in tasks if "ansible.builtin.setup" in t)
+    return {"name": task["name"], "ansible.builtin.setup": task["ansible.builtin.setup"]}
+
+
+def test_fact_cache_is_private_and_keeps_no_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue #26 item 4: the cache held ansible_env (a proxy password in the operator's environment) in a 0755
+    directory of 0640 files. Run the preflight role's setup task for real on a local host."""
+    import yaml
+
+    planted = "http://ops:Zq9-proxy-SECRET-5521@proxy.example:3128"
+    monkeypatch.setenv("https_proxy", planted)
+    (tmp_path / "inventory.yml").write_text(INVENTORY)
+    play = [{"name": "Facts", "hosts": "alpha", "gather_facts": False, "tasks": [_role_setup_task("preflight")]}]
+    (tmp_path / "facts.yml").write_text(yaml.safe_dump(play))
+    state = tmp_path / "state"
+    result = run_playbook(tmp_path / "facts.yml", tmp_path / "inventory.yml", private_data_dir=tmp_path / "pdd",
+                          state_dir=state, ident="facts")
+    assert result.ok_hosts == ["alpha"], result
+    facts_dir = state / "facts"
+    cached = [p for p in facts_dir.iterdir() if p.is_file()]
+    assert len(cached) == 1 and cached[0].name.endswith("alpha")  # ansible-core 2.19 names it s1_alpha
+    assert stat.S_IMODE(facts_dir.stat().st_mode) == 0o700
+    assert stat.S_IMODE(cached[0].stat().st_mode) == 0o600
+    doc = json.loads(cached[0].read_text())
+    facts = json.loads(doc["__payload__"]) if "__payload__" in doc else doc  # 2.19 wraps the facts in a payload
+    assert "ansible_distribution" in facts  # the role still gets its OS facts
+    assert "ansible_env" not in facts and planted not in cached[0].read_text()
+
+
+def test_an_existing_fact_dir_is_made_private(tmp_path: Path) -> None:
+    (tmp_path / "state" / "facts").mkdir(parents=True, mode=0o755)
+    old = tmp_path / "state" / "facts" / "alpha"
+    old.write_text("{}")
+    old.chmod(0o644)
+    (tmp_path / "inventory.yml").write_text(INVENTORY)
+    (tmp_path / "noop.yml").write_text("- hosts: alpha\n  gather_facts: false\n  tasks: []\n")
+    run_playbook(tmp_path / "noop.yml", tmp_path / "inventory.yml", private_data_dir=tmp_path / "pdd",
+                 state_dir=tmp_path / "state", ident="noop")
+    assert stat.S_IMODE((tmp_path / "state" / "facts").stat().st_mode) == 0o700
+    assert stat.S_IMODE(old.stat().st_mode) == 0o600
+
+
+def test_every_fact_gathering_leaves_out_the_environment() -> None:
+    """Each setup task of a role and each play that gathers facts excludes the env subset (min includes it)."""
+    import yaml
+
+    found = 0
+    for path in sorted(ROLES.glob("*/tasks/*.yml")) + sorted(PLAYBOOKS_DIR.glob("*.yml")):
+        for item in yaml.safe_load(path.read_text()) or []:
+            args = item.get("ansible.builtin.setup", item.get("setup"))
+            if args is not None:
+                found += 1
+                assert "!env" in (args or {}).get("gather_subset", []), f"{path}: {item.get('name')}"
+            if item.get("hosts") is not None and item.get("gather_facts", True):
+                assert "!env" in item.get("gather_subset", []), f"{path}: play {item.get('name')} gathers env"
+    assert found >= 12

@@ -146,3 +146,38 @@ def test_one_place_knows_the_default_state_directory() -> None:
                if p.name != "state.py" and '".provision"' in p.read_text(encoding="utf-8")]
     assert spelled == []
     assert state_dir_for("c1") == Path(".provision/c1") and state_dir_for("c1", Path("/x")) == Path("/x")
+
+
+# --- issue #26 item 4: files holding node data are the operator's only ---------------------------------------
+def test_verify_reports_are_private(tmp_path: Path) -> None:
+    from provisioner.report import VerifyReport
+    from provisioner.verify import write_reports
+
+    now = datetime(2025, 1, 1, tzinfo=UTC)
+    report = VerifyReport(cluster="c", started=now, finished=now, checks=())
+    directory = tmp_path / "verify" / "20250101T000000Z"
+    write_reports(report, directory, {"gpu01": {"address": "10.0.0.1"}})
+    assert stat.S_IMODE(directory.stat().st_mode) == 0o700  # old: 0755 with 0644 files
+    for name in ("report.json", "junit.xml", "report.html", "inventory.json"):
+        assert stat.S_IMODE((directory / name).stat().st_mode) == 0o600, name
+
+
+def test_a_run_directory_is_private(tmp_path: Path) -> None:
+    from provisioner.phases import RunOptions, StepOutcome, provision_run
+    from provisioner.runner import FakeRun, PlaybookResult, fake_result
+
+    playbooks = tmp_path / "playbooks"
+    playbooks.mkdir()
+    for name in ("preflight", "repos", "ofed", "gpu_stack", "fabric", "storage", "slurm"):
+        (playbooks / f"{name}.yml").write_text("---\n")
+
+    def runner(playbook: Path, inventory_dir: Path, *, limit: list[str], **kw: Any) -> PlaybookResult:
+        return fake_result(playbook.name, list(limit), FakeRun())
+
+    lab = Path(__file__).resolve().parents[2] / "examples" / "lab" / "cluster.yaml"
+    quiet = {"verify": lambda ctx: StepOutcome(), "report": lambda ctx: StepOutcome()}
+    journal = provision_run(lab, RunOptions(), state_dir=tmp_path / "st", runner=runner, playbooks_dir=playbooks,
+                            steps=quiet)
+    run_dir = tmp_path / "st" / "runs" / journal.run_id
+    assert stat.S_IMODE(run_dir.stat().st_mode) == 0o700  # old: 0755
+    assert stat.S_IMODE((run_dir / "journal.json").stat().st_mode) == 0o600
