@@ -604,15 +604,24 @@ def failover_cmd(
     """Replace a failed node by a verified spare: drain it in Slurm, verify a spare of its profile against healthy
     peers, put the spare into its partitions, record the swap, persist slurm.conf.
 
-    Exit 0 a spare took its place, 1 no spare passed (the node stays drained), 2 could not run.
+    Exit 0 a spare took its place, 1 no spare passed (the node stays drained), 2 could not run; 130/143/129 when
+    interrupted by Ctrl-C/SIGTERM/SIGHUP (what it did is recorded as interrupted under <state>/failover/).
     """
+    from provisioner import interrupt
     from provisioner.failover import make_failover, summary_lines
     from provisioner.progress import LiveReporter
 
-    with LiveReporter(err) as rep:
+    def log(m: str) -> None:
+        err.print(f"[failover] {m}", markup=False)
+
+    with LiveReporter(err) as rep, interrupt.interruptible():
         fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, reporter=rep,
-                           persist=not no_persist, progress=lambda m: err.print(f"[failover] {m}", markup=False))
-        result = fo.run(node, reason)
+                           persist=not no_persist, progress=log)
+        try:
+            result = fo.run(node, reason)
+        except Interrupted as exc:
+            log(f"interrupted by {exc.signame}: what was done is recorded under {fo.state_dir / 'failover'}")
+            raise
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
@@ -635,23 +644,32 @@ def watch_cmd(
     """Health checks on every partition node (GPU count, Xid/ECC errors, ports Active at rate, nvidia_peermem)
     every interval; a node that fails them twice in a row is failed over to a spare.
 
-    Exit 0 (stopped by a signal, or --once with nothing failed), 1 --once and a failover happened or failed.
+    Exit 0 (stopped by Ctrl-C/SIGTERM/SIGHUP between failovers, or --once with nothing failed), 1 --once and a
+    failover happened or failed; 130/143/129 when the signal interrupted a failover (recorded as interrupted under
+    <state>/failover/, the node stays drained).
     """
+    from provisioner import interrupt
     from provisioner.failover import Watch, make_failover
 
     def log(m: str) -> None:
         err.print(f"[watch {datetime_now()}] {m}", markup=False)
 
-    fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, progress=log)
-    spares = fo.cluster.spec.spares
-    every = interval if interval is not None else float(spares.watch_interval_s if spares else 60)
-    watch = Watch(fo, every, progress=log)
-    log(f"watching {fo.cluster.name} every {every:g} s (failover budget "
-        f"{spares.failover_budget_s if spares else 600} s)")
+    watch: Watch | None = None
     try:
-        watch.loop(rounds=1 if once else None)
-    except KeyboardInterrupt:
-        log("stopped")
+        with interrupt.interruptible():
+            fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, progress=log)
+            spares = fo.cluster.spec.spares
+            every = interval if interval is not None else float(spares.watch_interval_s if spares else 60)
+            watch = Watch(fo, every, progress=log)
+            log(f"watching {fo.cluster.name} every {every:g} s (failover budget "
+                f"{spares.failover_budget_s if spares else 600} s)")
+            watch.loop(rounds=1 if once else None)
+    except Interrupted as exc:
+        if watch is not None and watch.failing_over is not None:
+            log(f"the failover of {watch.failing_over} was interrupted by {exc.signame}: recorded under "
+                f"{watch.failover.state_dir / 'failover'}")
+            raise typer.Exit(exc.exit_code) from None
+        log(f"stopped by {exc.signame}")
         raise typer.Exit(0) from None
     raise typer.Exit(1 if once and watch.results else 0)
 

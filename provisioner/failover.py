@@ -31,6 +31,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provisioner import interrupt
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.health import NodeHealth, check_nodes
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
@@ -79,6 +80,7 @@ class FailoverResult:
     report_dir: str | None = None
     persisted: str | None = None                              # the slurm phase's run status
     budget_s: float = 600.0
+    interrupted: str | None = None                            # the signal that stopped it part way (SIGTERM)
     timeline: Timeline = field(default_factory=Timeline)
 
     @property
@@ -116,6 +118,14 @@ def summary_lines(r: FailoverResult) -> list[str]:
         lines.append(f"  {s:8.1f} s  {event} ({at})")
     for spare, why in r.rejected.items():
         lines.append(f"  spare {spare} rejected: {why}")
+    if r.interrupted is not None:
+        if r.in_partition_s is None:
+            lines.append(f"  interrupted by {r.interrupted}: {r.node} stays drained, no spare took its place (the "
+                         f"timeline is what was done); run `provision failover <spec> {r.node}` again")
+        else:
+            lines.append(f"  interrupted by {r.interrupted}: {r.spare} replaces {r.node} live and recorded, slurm.conf "
+                         "not persisted: rerun `provision cluster.yaml --only slurm` before slurmctld restarts")
+        return lines
     if r.spare is None:
         lines.append(f"  no spare passed: {r.node} stays drained and out of service; add or repair a spare")
         return lines
@@ -161,10 +171,25 @@ class Failover:
                              hint="failover replaces a partition node; spares and failed nodes are in none")
         budget = float(c.spec.spares.failover_budget_s) if c.spec.spares else 600.0
         result = FailoverResult(node, reason, partitions=parts, budget_s=budget, timeline=timeline or Timeline())
-        tl = result.timeline
-        if not tl.events:
-            tl.mark("fault seen")
+        if not result.timeline.events:
+            result.timeline.mark("fault seen")
         bad = set(unhealthy or set()) | {node} | set(membership.failed)
+        # a signal ends it where it is (the first cleanly, a second at once): either way what it did is recorded
+        with interrupt.interruptible(), interrupt.on_abort(lambda signum: self._interrupted(result, signum)):
+            try:
+                return self._steps(result, membership, bad)
+            except interrupt.Interrupted as exc:
+                self._interrupted(result, exc.signum)
+                raise
+
+    def _interrupted(self, result: FailoverResult, signum: int) -> None:
+        result.interrupted = interrupt.Interrupted(signum).signame
+        result.timeline.mark(f"interrupted by {result.interrupted}")
+        self._save(result)
+
+    def _steps(self, result: FailoverResult, membership: Membership, bad: set[str]) -> FailoverResult:
+        """Drain, verify spares, swap, record, persist: the timeline marks each step as it is done."""
+        c, node, reason, parts, tl = self.cluster, result.node, result.reason, result.partitions, result.timeline
         self.progress(f"drain {node}: {reason}")
         self.ctl.drain([node], f"provision failover: {reason}")
         tl.mark("drained")
@@ -252,6 +277,7 @@ class Watch:
     clock: Callable[[], float] = time.monotonic
     results: list[FailoverResult] = field(default_factory=list)
     skipped: set[str] = field(default_factory=set)
+    failing_over: str | None = None   # the node a failover is under way for (a signal then interrupts it)
 
     def round(self) -> list[FailoverResult]:
         f = self.failover
@@ -279,11 +305,14 @@ class Watch:
             self.progress(f"{n} failed its health checks: {h.summary()}")
             tl = Timeline(t0=t_round)
             tl.mark("fault seen")
+            self.failing_over = n  # stays set when a signal interrupts it: the watch then exits as interrupted
             try:
                 res = f.run(n, _reason(h), timeline=tl, unhealthy=set(bad))
             except ProvisionerError as exc:
+                self.failing_over = None
                 self.progress(f"failover of {n} could not run: {exc}")
                 continue
+            self.failing_over = None
             for line in summary_lines(res):
                 self.progress(line)
             done.append(res)

@@ -167,3 +167,107 @@ def test_a_node_drained_by_someone_else_is_not_checked_nor_failed_over(cluster: 
     assert watch.round() == [] and watch.round() == []
     assert _probe.calls == [["gpu01"], ["gpu01"]]
     assert lines == ["gpu02 is drained (BIOS update [ops@2026-01-01T00:00:00]): not checked while it is"]
+
+
+# --- issue #26 item 5: an interrupted failover or watch records what it did and exits as its help says -------
+class NoHandler(Exception):
+    """What the old code met: no handler of ours, so the test's stand-in for the default action ran."""
+
+
+@pytest.fixture
+def term_guard() -> Any:
+    """SIGTERM and SIGINT raise NoHandler unless the code under test installed its own handler (the default
+    action would kill the test process)."""
+    import signal
+
+    def fallback(signum: int, frame: Any) -> None:
+        raise NoHandler(signum)
+
+    before = {s: signal.signal(s, fallback) for s in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for s, h in before.items():
+        signal.signal(s, h)
+
+
+def _kill_self(sig: str) -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), getattr(signal, sig))
+
+
+def test_an_interrupted_failover_is_recorded(cluster: Cluster, tmp_path: Path, term_guard: Any) -> None:
+    from provisioner.interrupt import Interrupted
+
+    w = World(cluster, tmp_path)
+    fo = w.failover()
+
+    def verifier(*args: Any, **kw: Any) -> VerifyReport:
+        _kill_self("SIGTERM")  # `systemctl stop` while the spare is measured
+        raise AssertionError("not reached")
+
+    fo.verifier = verifier
+    with pytest.raises(Interrupted) as info:
+        fo.run("gpu01", "xid 79")
+    assert info.value.exit_code == 143
+    [rec] = history(tmp_path)  # old: nothing recorded
+    assert rec["interrupted"] == "SIGTERM" and rec["spare"] is None
+    assert [t["event"] for t in rec["timeline"]] == ["fault seen", "drained", "interrupted by SIGTERM"]
+    assert load_swaps(tmp_path) == []
+
+
+def _cli_world(monkeypatch: pytest.MonkeyPatch, w: World) -> Failover:
+    fo = w.failover()
+    monkeypatch.setattr("provisioner.failover.make_failover", lambda *a, **kw: fo)
+    return fo
+
+
+def test_failover_command_exits_as_its_help_says(cluster: Cluster, tmp_path: Path, term_guard: Any,
+                                                 monkeypatch: pytest.MonkeyPatch,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from provisioner.cli import app, main
+
+    fo = _cli_world(monkeypatch, World(cluster, tmp_path))
+    fo.verifier = lambda *a, **kw: _kill_self("SIGINT")  # type: ignore[assignment,func-returns-value]
+    rc = main(["failover", str(LAB), "gpu01"])
+    err = capsys.readouterr().err
+    assert rc == 130, err  # old: 3 (an internal error), or killed
+    assert "interrupted by SIGINT" in err and "Traceback" not in err
+    assert history(tmp_path)[0]["interrupted"] == "SIGINT"
+    helptext = next(c for c in app.registered_commands if c.name == "failover").callback.__doc__ or ""
+    assert "130/143/129" in " ".join(helptext.split())
+
+
+def test_watch_stopped_between_failovers_exits_0(cluster: Cluster, tmp_path: Path, term_guard: Any,
+                                                 monkeypatch: pytest.MonkeyPatch, _probe: Probe,
+                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    from provisioner.cli import main
+
+    _cli_world(monkeypatch, World(cluster, tmp_path))
+
+    def probe(*a: Any, **kw: Any) -> Any:
+        _kill_self("SIGTERM")  # stopped while it checks the nodes' health
+
+    monkeypatch.setattr("provisioner.failover.check_nodes", probe)
+    rc = main(["watch", str(LAB)])
+    err = capsys.readouterr().err
+    assert rc == 0, err  # old: 3 (or killed by SIGTERM: systemd's stop)
+    assert "stopped by SIGTERM" in err and history(tmp_path) == []
+
+
+def test_watch_interrupted_in_a_failover_records_it_and_exits_143(
+        cluster: Cluster, tmp_path: Path, term_guard: Any, monkeypatch: pytest.MonkeyPatch, _probe: Probe,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from provisioner.cli import app, main
+
+    fo = _cli_world(monkeypatch, World(cluster, tmp_path))
+    _probe.bad = {"gpu01": ["gpu_count: 1 of 2 GPUs"]}
+    fo.verifier = lambda *a, **kw: _kill_self("SIGTERM")  # type: ignore[assignment,func-returns-value]
+    rc = main(["watch", str(LAB)])
+    err = capsys.readouterr().err
+    assert rc == 143, err
+    [rec] = history(tmp_path)
+    assert rec["node"] == "gpu01" and rec["interrupted"] == "SIGTERM"
+    assert "failover of gpu01 was interrupted" in err
+    helptext = " ".join((next(c for c in app.registered_commands if c.name == "watch").callback.__doc__ or "").split())
+    assert "130/143/129 when the signal interrupted a failover" in helptext
