@@ -32,6 +32,7 @@ from provisioner.errors import LabError, UsageError
 from provisioner.lab import hardware
 from provisioner.lab.names import container_name
 from provisioner.lab.simtools import fabsim_pma, labstate
+from provisioner.userfile import read_user_text
 
 Runner = Callable[[list[str]], None]
 """Runs one podman command (arguments after ``podman``)."""
@@ -682,12 +683,10 @@ def check_params(kind: str, params: dict[str, Any]) -> dict[str, Any]:
 
 def _yaml_entries(path: Path) -> list[tuple[int, object]]:
     """(line, value) of every item of the file's fault list: a bare YAML list or a mapping's ``faults:``."""
+    text = read_user_text(path, "a fault list")
     try:
-        text = path.read_text(encoding="utf-8")
         root = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"{path}: cannot read the fault list ({exc.__class__.__name__}: {exc})") from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f" at line {mark.line + 1}" if mark is not None else ""

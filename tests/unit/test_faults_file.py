@@ -76,8 +76,34 @@ def test_bad_entries_are_one_line_errors_naming_file_and_entry(tmp_path: Path, t
 
 
 def test_missing_file_is_a_usage_error(tmp_path: Path) -> None:
-    with pytest.raises(UsageError, match="cannot read the fault list"):
+    with pytest.raises(UsageError, match=r"nope\.yaml: no such file, expected a fault list"):
         faults.load_fault_list(tmp_path / "nope.yaml", DEVICES)
+
+
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """Issue #26 item 5: the old reader opened a FIFO and waited for a writer for ever."""
+    import os
+    import threading
+
+    fifo = tmp_path / "faults.yaml"
+    os.mkfifo(fifo)
+    raised: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            faults.load_fault_list(fifo, DEVICES)
+        except BaseException as exc:  # handed to the test thread
+            raised.append(exc)
+
+    worker = threading.Thread(target=load, daemon=True)
+    worker.start()
+    worker.join(30)
+    if worker.is_alive():  # unblock the reader (a writer that closes at once), then fail
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        worker.join(5)
+        pytest.fail("load_fault_list blocked on a FIFO")
+    assert len(raised) == 1 and isinstance(raised[0], UsageError)
+    assert f"{fifo}: not a regular file" in str(raised[0])
 
 
 def test_check_params_types_cli_strings() -> None:
