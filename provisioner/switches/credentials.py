@@ -18,6 +18,7 @@ import yaml
 
 from provisioner.errors import UsageError
 from provisioner.spec.models import Credentials
+from provisioner.userfile import read_user_bytes
 
 MASK = "********"
 _USERNAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.@-]{0,63}$")
@@ -75,10 +76,7 @@ def _check_private(path: Path, what: str) -> None:
 
 
 def _read_bytes(path: Path, what: str) -> bytes:
-    data = path.read_bytes()
-    if len(data) > MAX_FILE_BYTES:
-        raise UsageError(f"{what} {path} is too large ({len(data)} bytes) to be a credentials file")
-    return data
+    return read_user_bytes(path, f"a {what}", limit=MAX_FILE_BYTES)  # size and type checked before reading
 
 
 def _from_mapping(data: Any, source: Path) -> SwitchCredentials:

@@ -119,3 +119,18 @@ def test_load_credentials_resolves_relative_to_spec_dir(tmp_path: Path) -> None:
     assert creds.username == "v"
     with pytest.raises(UsageError, match="vault_password_file"):
         load_credentials(Credentials(vault="secrets/switches.vault.yml"), tmp_path)
+
+
+def test_huge_credential_files_are_refused_before_reading(tmp_path: Path) -> None:
+    """Issue #26 item 5: the size was checked after reading the whole file (64 GiB of a sparse file: MemoryError)."""
+    big = tmp_path / "creds.yml"
+    with big.open("wb") as fh:
+        fh.truncate(1 << 36)
+    big.chmod(0o600)
+    with pytest.raises(UsageError, match=r"creds\.yml: 68719476736 bytes is too large for a credentials file"):
+        read_credentials_file(big)
+    vault, pw = make_vault(tmp_path, "username: netops\npassword: x\n")
+    with vault.open("r+b") as fh:
+        fh.truncate(1 << 36)
+    with pytest.raises(UsageError, match="too large for a vault file"):
+        read_vault_file(vault, pw)
