@@ -34,6 +34,7 @@ from provisioner.collection import collections_root, require_playbook, roles_dir
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.quiet_warnings import pythonwarnings
 from provisioner.render.ssh import ssh_rewrites
+from provisioner.spec.yamlload import check_depth
 from provisioner.state import make_files_private, private_dir
 from provisioner.userfile import read_user_text
 
@@ -255,6 +256,7 @@ def read_secret_file(path: Path) -> set[str]:
     if text.lstrip().startswith("$ANSIBLE_VAULT"):
         return set()
     try:
+        check_depth(text)  # PyYAML's composer recurses: a deeply nested file would end in RecursionError
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise UsageError(f"{_yaml_error_place(path, text, exc)}: the secrets file is not YAML: "

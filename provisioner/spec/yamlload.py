@@ -88,7 +88,7 @@ class _Loader(_SafeLoader):  # type: ignore[misc]
     """SafeLoader whose plain scalars keep YAML 1.2-ish meaning for the spec (no sexagesimal, no yes/no)."""
 
 
-def _check_depth(text: str) -> None:
+def check_depth(text: str) -> None:
     """Raise _TooDeep at the collection that opens level MAX_DEPTH + 1.
 
     The composers (libyaml's and PyYAML's) recurse once per nesting level, so an unbounded document would
@@ -192,7 +192,7 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
     problems: list[YamlProblem] = []
     loader: _Loader | None = None
     try:
-        _check_depth(text)
+        check_depth(text)
         loader = _Loader(text)
         root = loader.get_single_node()
     except _TooDeep as exc:

@@ -98,3 +98,12 @@ def test_an_unexpected_error_mid_run_closes_the_journal(tmp_path: Path, playbook
     assert journal.stop_reason == "the run ended on an error: RuntimeError: disk on fire"
     verify = journal.phase("verify")
     assert verify is not None and verify.status == "error"
+
+
+def test_deep_nesting_is_a_one_line_error(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    deep = tmp_path / "secrets.yml"
+    deep.write_text("token: " + "[" * 20000 + "]" * 20000 + "\n")
+    with pytest.raises(UsageError, match=r"secrets\.yml:1:\d+: the secrets file is not YAML: .*nests more than"):
+        read_secret_file(deep)  # old: RecursionError, exit 3
+    rc = main(["up", str(LAB), "--secrets", str(deep), "--out", str(tmp_path / "state")])
+    assert rc == 2 and "internal error" not in capsys.readouterr().err
