@@ -245,6 +245,7 @@ def up(
     from provisioner.phases import RunOptions, provision_run, summary_lines
     from provisioner.progress import JsonReporter, LiveReporter
     from provisioner.runner import read_secret_file
+    from provisioner.userfile import read_user_bytes
 
     if rolling:
         _rolling(spec, overlay, out_dir, batch, max_wait, peers, resume,
@@ -261,6 +262,8 @@ def up(
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
     for secrets_file in opts.secret_files:  # a pipe, a huge or broken file is refused before a journal opens
         read_secret_file(secrets_file)
+    if vault_password_file is not None:  # ansible-playbook would wait on a pipe for ever
+        read_user_bytes(vault_password_file, "a vault password file")
     steps = _verify_steps(spec, overlay, out_dir)
     hook = _drift_hook(spec, overlay)
     live = LiveReporter(err)  # drawn only without --json; what it printed is left out of the summary

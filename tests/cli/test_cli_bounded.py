@@ -3,6 +3,7 @@ instead of hanging, and a bad one is one line with exit 2 (never a traceback or 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -31,12 +32,16 @@ def one_line(text: str) -> str:
     return lines[0]
 
 
-def run_guarded(*args: str, cwd: Path) -> tuple[int, str]:
-    """`provision ARGS` in a child with a timeout: a hang fails the test instead of blocking the suite."""
+def run_guarded(*args: str, cwd: Path, fifo: Path) -> tuple[int, str]:
+    """`provision ARGS` in a child with a timeout: a hang fails the test instead of blocking the suite. On a hang
+    the FIFO gets a writer that closes at once, so whatever waits on it (ansible-playbook, in a session of its
+    own that killing the child would not reach) reads end-of-file and ends."""
     try:
         cp = subprocess.run([sys.executable, "-m", "provisioner.cli", *args], cwd=cwd, capture_output=True,
                             text=True, timeout=GUARD_S, stdin=subprocess.DEVNULL)
     except subprocess.TimeoutExpired:
+        with contextlib.suppress(OSError):
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail(f"provision {' '.join(args)} hung on a FIFO for {GUARD_S} s")
     return cp.returncode, cp.stdout + cp.stderr
 
@@ -50,7 +55,7 @@ def test_validate_a_directory_names_it(capsys: pytest.CaptureFixture[str], tmp_p
 def test_parse_refuses_a_fifo(tmp_path: Path) -> None:
     fifo = tmp_path / "out.txt"
     os.mkfifo(fifo)
-    rc, text = run_guarded("parse", "ibstat", str(fifo), cwd=tmp_path)
+    rc, text = run_guarded("parse", "ibstat", str(fifo), cwd=tmp_path, fifo=fifo)
     assert rc == 2
     assert f"{fifo}: not a regular file" in one_line(text)
 
@@ -88,7 +93,7 @@ def test_fingerprints_not_utf8_is_one_line(capsys: pytest.CaptureFixture[str], t
 def test_fingerprints_fifo_is_refused(tmp_path: Path) -> None:
     fifo = tmp_path / "fp.txt"
     os.mkfifo(fifo)
-    rc, text = run_guarded("trust-host", str(H100), "gpu01", "--fingerprints", str(fifo), cwd=tmp_path)
+    rc, text = run_guarded("trust-host", str(H100), "gpu01", "--fingerprints", str(fifo), cwd=tmp_path, fifo=fifo)
     assert rc == 2
     assert f"{fifo}: not a regular file" in one_line(text)
 
@@ -104,7 +109,28 @@ def test_fingerprints_oversize_is_refused(capsys: pytest.CaptureFixture[str], tm
 def test_secrets_fifo_is_refused_before_the_run(tmp_path: Path) -> None:
     fifo = tmp_path / "secrets.yml"
     os.mkfifo(fifo)
-    rc, text = run_guarded("up", str(H100), "--secrets", str(fifo), "--out", str(tmp_path / "state"), cwd=tmp_path)
+    rc, text = run_guarded("up", str(H100), "--secrets", str(fifo), "--out", str(tmp_path / "state"), cwd=tmp_path,
+                           fifo=fifo)
     assert rc == 2
     assert f"{fifo}: not a regular file" in one_line(text)
     assert not (tmp_path / "state" / "runs").exists()  # refused before a journal was opened
+
+
+def test_vault_password_fifo_is_refused_before_the_run(tmp_path: Path) -> None:
+    """ansible-playbook would wait on the FIFO for ever; the nodes are on loopback port 1 (refused) in case the old
+    code got as far as a playbook."""
+    import json
+
+    addresses = {"gpu01": "127.0.0.11", "gpu02": "127.0.0.12", "gpu03": "127.0.0.13", "sm1": "127.0.0.21",
+                 "sm2": "127.0.0.22"}
+    (tmp_path / "known_hosts").write_text("")
+    overlay = tmp_path / "overlay.yaml"
+    overlay.write_text("ssh: {port: 1, known_hosts: known_hosts}\naddresses: " + json.dumps(addresses) + "\n")
+    fifo = tmp_path / "vault-pass"
+    os.mkfifo(fifo)
+    rc, text = run_guarded("up", str(ROOT / "examples" / "lab" / "cluster.yaml"), "--overlay", str(overlay),
+                           "--vault-password-file", str(fifo), "--out", str(tmp_path / "state"), cwd=tmp_path,
+                           fifo=fifo)
+    assert rc == 2, text
+    assert f"{fifo}: not a regular file" in one_line(text)
+    assert not (tmp_path / "state" / "runs").exists()
