@@ -148,7 +148,7 @@ def parse_cmd(
     if file == "-":
         text = sys.stdin.read(MAX_USER_FILE_BYTES + 1)
         if len(text) > MAX_USER_FILE_BYTES:
-            raise UsageError(f"standard input: more than {MAX_USER_FILE_BYTES} bytes is too large for a "
+            raise UsageError(f"standard input: more than {MAX_USER_FILE_BYTES} characters is too large for a "
                              "captured output")
     else:  # a capture may hold stray bytes (a serial console): they become U+FFFD, the parser judges the rest
         text = read_user_bytes(file, "a captured output").decode("utf-8", errors="replace")

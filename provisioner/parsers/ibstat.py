@@ -25,7 +25,16 @@ from provisioner.parsers._common import (
 _CA_RE = re.compile(r"^\s*CA '([^']+)'\s*$")
 _PORT_RE = re.compile(r"^\s*Port (\d+):\s*$")
 _KV_RE = re.compile(r"^\s*([A-Za-z][A-Za-z _]*?):\s*(.*?)\s*$")
-_ERR_RE = re.compile(r"^\s*(?:ibpanic|ibwarn|iberror|ibstat: iberror)\b.*$|^.*\bibstat: .*failed.*$")
+_ERR_RE = re.compile(r"^\s*(?:ibpanic|ibwarn|iberror|ibstat: iberror)\b")
+_FAILED_AFTER_RE = re.compile(r"\bibstat: ")  # then 'failed' later on the line; `.*\bibstat: .*failed` backtracked
+
+
+def _is_error_line(line: str) -> bool:
+    """An ib* diagnostic line, or an 'ibstat: ... failed' one (linear in the line)."""
+    if _ERR_RE.match(line):
+        return True
+    m = _FAILED_AFTER_RE.search(line)
+    return m is not None and "failed" in line[m.end():]
 
 
 def _new_port(num: int) -> dict[str, Any]:
@@ -101,7 +110,7 @@ def parse_ibstat(text: str) -> dict[str, Any]:
     dev: dict[str, Any] | None = None
     port: dict[str, Any] | None = None
     for line in text.splitlines():
-        if _ERR_RE.match(line):
+        if _is_error_line(line):
             errors.append(line.strip())
             continue
         m = _CA_RE.match(line)

@@ -28,7 +28,7 @@ _TEST_RE = re.compile(
     r"^\s*(?P<verb>RDMA_Write_imm|RDMA_Write|RDMA_Read|Send_imm|Send|Atomic)\s+"
     r"(?:(?:CMP_AND_SWAP|FETCH_AND_ADD)\s+)?(?P<bidir>Bidirectional\s+)?(?:Post List\s+)?BW\s+(?:\w+\s+)?Test\s*$"
 )
-_LAT_RE = re.compile(r"^\s*\S+.*\bLatency Test\s*$")
+_LAT_TAIL_RE = re.compile(r"\bLatency Test\s*$")  # searched, with a word before it: `\S+.*\b` backtracked cubically
 _COLS_RE = re.compile(r"^\s*#bytes\s+#iterations\s+BW peak\[([A-Za-z/]+)\]\s+BW average\[([A-Za-z/]+)\]")
 _ROW_RE = re.compile(r"^\s*(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\b")
 _DEVICE_RE = re.compile(r"\bDevice\s*:\s*(\S+)")
@@ -137,12 +137,18 @@ def _looks_like_perftest(lines: list[str]) -> bool:
     return False
 
 
+def _is_latency_header(line: str) -> bool:
+    """``RDMA_Write Latency Test``: a line ending in 'Latency Test' after some other word (linear in the line)."""
+    m = _LAT_TAIL_RE.search(line)
+    return m is not None and bool(line[: m.start()].strip())
+
+
 def parse_perftest(text: str) -> dict[str, Any]:
     """Parse one side (server or client) of an ib_*_bw run, or the error it printed instead."""
     require_text("perftest", text)
     lines = text.splitlines()
     if not _looks_like_perftest(lines):
-        if any(_LAT_RE.match(line) for line in lines):
+        if any(_is_latency_header(line) for line in lines):
             raise ParseError("perftest: this is a latency test (ib_*_lat); only bandwidth tests are parsed")
         raise ParseError("perftest: no 'BW Test' header, '#bytes' table or perftest error line; not ib_*_bw output")
     test: str | None = None
