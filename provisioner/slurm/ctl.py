@@ -8,6 +8,7 @@ What the commands mean (scontrol(1), squeue(1), slurm.conf(5), Slurm 22.05 as De
 * ``scontrol update NodeName=<list> State=RESUME``: back to service (the DRAIN flag is cleared).
 * ``scontrol update PartitionName=<p> Nodes=<list>``: the partition's node list is *replaced* by ``<list>``
   (runtime only: slurmctld reads slurm.conf again on restart, so the slurm role writes the same list there).
+* ``scontrol show partition <p>``: the partition's record; ``Nodes=`` is the live node list as a hostlist.
 * ``scontrol show node <list>``: one record per node, ``Key=Value`` words, records separated by a blank line;
   ``Reason=`` and ``OS=`` values hold spaces.
 * ``squeue --noheader --nodelist=<list> --format=...``: the jobs *allocated* to those nodes (pending jobs have
@@ -83,9 +84,9 @@ class Job:
     user: str
 
 
-def parse_show_node(text: str) -> dict[str, NodeState]:
-    """``scontrol show node`` output (one or many records) by node name."""
-    out: dict[str, NodeState] = {}
+def _records(text: str) -> list[dict[str, str]]:
+    """``scontrol show`` output: one ``Key=Value`` dict per record (records separated by a blank line)."""
+    out: list[dict[str, str]] = []
     for record in re.split(r"\n\s*\n", text.strip()):
         fields: dict[str, str] = {}
         for line in record.splitlines():
@@ -94,6 +95,26 @@ def parse_show_node(text: str) -> dict[str, NodeState]:
             for i, m in enumerate(keys):
                 end = keys[i + 1].start() if i + 1 < len(keys) else len(line)
                 fields[m.group(1)] = line[m.end():end].strip()
+        out.append(fields)
+    return out
+
+
+def parse_show_partition(text: str) -> dict[str, list[str]]:
+    """``scontrol show partition`` output: partition -> its nodes now (``Nodes=`` is a hostlist, ``(null)``
+    when empty)."""
+    out: dict[str, list[str]] = {}
+    for fields in _records(text):
+        name = fields.get("PartitionName")
+        if name:
+            nodes = fields.get("Nodes", "")
+            out[name] = hostlist.expand(nodes) if nodes and nodes != "(null)" else []
+    return out
+
+
+def parse_show_node(text: str) -> dict[str, NodeState]:
+    """``scontrol show node`` output (one or many records) by node name."""
+    out: dict[str, NodeState] = {}
+    for fields in _records(text):
         name = fields.get("NodeName")
         if not name:
             continue
@@ -137,6 +158,10 @@ def show_node_argv(nodes: Sequence[str]) -> list[str]:
     return ["scontrol", "show", "node", hostlist.compress(list(nodes))]
 
 
+def show_partition_argv(partition: str) -> list[str]:
+    return ["scontrol", "show", "partition", partition]
+
+
 def squeue_argv(nodes: Sequence[str]) -> list[str]:
     return ["squeue", "--noheader", f"--nodelist={hostlist.compress(list(nodes))}", f"--format={SQUEUE_FORMAT}"]
 
@@ -167,6 +192,10 @@ class SlurmCtl:
 
     def set_partition(self, partition: str, nodes: Sequence[str]) -> None:
         self._run(partition_argv(partition, nodes))
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        """The partition's nodes as slurmctld has them now (what a change must start from, not the spec)."""
+        return parse_show_partition(self._run(show_partition_argv(partition)).stdout).get(partition, [])
 
     def nodes(self, nodes: Sequence[str]) -> dict[str, NodeState]:
         return parse_show_node(self._run(show_node_argv(nodes)).stdout)

@@ -14,6 +14,7 @@ from provisioner.slurm.ctl import (
     SlurmError,
     drain_argv,
     parse_show_node,
+    parse_show_partition,
     parse_squeue,
     partition_argv,
     reason_text,
@@ -125,3 +126,15 @@ def test_a_refused_command_is_one_line_naming_the_controller() -> None:
     remote = Controller({"scontrol update": [Completed(1, "", "slurm_update error: Invalid node name specified\n")]})
     with pytest.raises(SlurmError, match="scontrol update on sm1 failed: slurm_update error: Invalid node name"):
         SlurmCtl(remote, "sm1").drain(["gpu09"], "x")
+
+
+def test_a_partitions_live_node_list_is_read_from_slurm() -> None:
+    """Failover changes a partition from what slurmctld has now (its Nodes= hostlist), not from the spec's list."""
+    assert parse_show_partition(capture("show_partition_swapped.txt")) == {"gpu": ["gpu01", "gpu03"]}
+    assert parse_show_partition("PartitionName=empty\n   Nodes=(null) State=UP\n") == {"empty": []}
+    remote = Controller({"scontrol show": [Completed(0, capture("show_partition_swapped.txt"), "")]})
+    assert SlurmCtl(remote, "sm1").partition_nodes("gpu") == ["gpu01", "gpu03"]
+    assert remote.calls == [["scontrol", "show", "partition", "gpu"]]
+    missing = Controller({"scontrol show": [Completed(1, "", "Partition gpu2 not found\n")]})
+    with pytest.raises(SlurmError, match="scontrol show on sm1 failed: Partition gpu2 not found"):
+        SlurmCtl(missing, "sm1").partition_nodes("gpu2")
