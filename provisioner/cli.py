@@ -660,7 +660,8 @@ def watch_cmd(
     watch: Watch | None = None
     try:
         with interrupt.interruptible():
-            fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, progress=log)
+            fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, progress=log,
+                               command="provision watch: failover")
             spares = fo.cluster.spec.spares
             every = interval if interval is not None else float(spares.watch_interval_s if spares else 60)
             watch = Watch(fo, every, progress=log)

@@ -39,11 +39,13 @@ from provisioner.remote import Remote
 from provisioner.report import VerifyReport
 from provisioner.rolling import batch_failures, busy_peers, pick_batch_peers, verify_batch
 from provisioner.slurm.ctl import SlurmCtl
-from provisioner.slurm.membership import Membership, current, record_swap
+from provisioner.slurm.membership import Membership, current, load_swaps, record_swap
 from provisioner.spec.cluster import Cluster
-from provisioner.state import state_dir_for, utcnow, write_json_atomic
+from provisioner.state import day2_lock, state_dir_for, utcnow, write_json_atomic
 
 FAILOVER_DIR = "failover"
+OUR_DRAIN = "provision failover"
+"""How a failover's drain reasons start: a drain with another reason is someone else's and never resumed here."""
 Progress = Callable[[str], None]
 
 
@@ -159,16 +161,19 @@ class Failover:
     converge: Callable[..., Any] = provision_run
     persist: bool = True
     verify_remote: Remote | None = None
+    command: str = "provision failover"          # names the day-2 lock's holder (with the node)
 
     def run(self, node: str, reason: str, timeline: Timeline | None = None,
             unhealthy: set[str] | None = None) -> FailoverResult:
+        """Fail ``node`` over, holding the day-2 lock from reading the membership to recording the swap (and its
+        persist run): a second failover, a watch round or a rolling step meanwhile is refused or waits."""
+        with day2_lock(self.state_dir, command=f"{self.command} {node}"):
+            return self._run(node, reason, timeline, unhealthy)
+
+    def _run(self, node: str, reason: str, timeline: Timeline | None, unhealthy: set[str] | None) -> FailoverResult:
         c = self.cluster
         membership = current(c, self.state_dir)
-        parts = membership.partitions_of(node)
-        if not parts:
-            raise UsageError(f"{node} is in no Slurm partition (partitions: "
-                             + ", ".join(f"{p}={','.join(n)}" for p, n in membership.partitions.items()) + ")",
-                             hint="failover replaces a partition node; spares and failed nodes are in none")
+        parts = self._partitions_of(node, membership)
         budget = float(c.spec.spares.failover_budget_s) if c.spec.spares else 600.0
         result = FailoverResult(node, reason, partitions=parts, budget_s=budget, timeline=timeline or Timeline())
         if not result.timeline.events:
@@ -191,36 +196,18 @@ class Failover:
         """Drain, verify spares, swap, record, persist: the timeline marks each step as it is done."""
         c, node, reason, parts, tl = self.cluster, result.node, result.reason, result.partitions, result.timeline
         self.progress(f"drain {node}: {reason}")
-        self.ctl.drain([node], f"provision failover: {reason}")
+        self.ctl.drain([node], f"{OUR_DRAIN}: {reason}")
         tl.mark("drained")
-        for spare in spare_candidates(c, membership, node, bad):
-            why = self._verify_spare(spare, bad, result)
-            if why is None:
-                result.spare = spare
-                break
-            result.rejected[spare] = why
-            bad.add(spare)
-            self.progress(f"spare {spare} rejected: {why}")
-            try:
-                self.ctl.drain([spare], f"provision failover: spare failed verification: {why}")
-            except ProvisionerError as exc:
-                self.progress(f"could not drain {spare}: {exc}")
+        result.spare = self._pick_spare(node, membership, bad, result)
         if result.spare is None:
             tl.mark("no spare")
             self._save(result)
             return result
-        spare = result.spare
         tl.mark("spare verified")
-        states = self.ctl.nodes([spare])
-        if spare in states and states[spare].drain:
-            self.ctl.resume([spare])
-        for part in parts:
-            members = [spare if n == node else n for n in membership.partitions[part]]
-            self.progress(f"partition {part}: {node} -> {spare}")
-            self.ctl.set_partition(part, members)
+        self._swap_in(node, result.spare, parts)
         elapsed = tl.mark("spare in partition")
-        self.progress(f"{spare} in {', '.join(parts)} {elapsed:.1f} s after the fault was seen")
-        record_swap(self.state_dir, node, spare, parts, reason)
+        self.progress(f"{result.spare} in {', '.join(parts)} {elapsed:.1f} s after the fault was seen")
+        record_swap(self.state_dir, node, result.spare, parts, reason)
         self._save(result)
         if self.persist:
             self.progress("persist: slurm.conf with the swap on every Slurm node")
@@ -230,6 +217,55 @@ class Failover:
             tl.mark("persisted" if run.status == "passed" else f"persist {run.status}")
         self._save(result)
         return result
+
+    def _partitions_of(self, node: str, membership: Membership) -> list[str]:
+        """``node``'s partitions now; a node failed over already is refused naming the swap that took it out."""
+        parts = membership.partitions_of(node)
+        if parts:
+            return parts
+        swap = next((s for s in reversed(load_swaps(self.state_dir)) if s.failed == node and not s.returned), None)
+        if swap is not None:
+            raise UsageError(f"{node} was failed over already: {swap.spare} took its place in "
+                             f"{', '.join(swap.partitions)} at {swap.at}",
+                             hint=f"after repair: provision replace-node <spec> {node} (it returns as a spare)")
+        raise UsageError(f"{node} is in no Slurm partition (partitions: "
+                         + ", ".join(f"{p}={','.join(n)}" for p, n in membership.partitions.items()) + ")",
+                         hint="failover replaces a partition node; spares and failed nodes are in none")
+
+    def _pick_spare(self, node: str, membership: Membership, bad: set[str], result: FailoverResult) -> str | None:
+        """The first spare that passes verification; a spare someone else drained (an operator, a rolling batch)
+        is skipped and left drained, one that fails is drained with the reason."""
+        candidates = spare_candidates(self.cluster, membership, node, bad)
+        states = self.ctl.nodes(candidates) if candidates else {}
+        for spare in candidates:
+            st = states.get(spare)
+            why: str | None
+            if st is not None and st.drain and not st.reason.startswith(OUR_DRAIN):
+                why = f"drained by someone else ({st.reason}): left drained"
+            else:
+                why = self._verify_spare(spare, bad, result)
+                if why is None:
+                    return spare
+                bad.add(spare)
+                try:
+                    self.ctl.drain([spare], f"{OUR_DRAIN}: spare failed verification: {why}")
+                except ProvisionerError as exc:
+                    self.progress(f"could not drain {spare}: {exc}")
+            result.rejected[spare] = why
+            self.progress(f"spare {spare} rejected: {why}")
+        return None
+
+    def _swap_in(self, node: str, spare: str, parts: Sequence[str]) -> None:
+        """Resume the spare (only from a drain of ours) and put it in ``node``'s place in each partition's list
+        as slurmctld has it now (not the spec's: an operator's or another command's change stays)."""
+        states = self.ctl.nodes([spare])
+        if spare in states and states[spare].drain and states[spare].reason.startswith(OUR_DRAIN):
+            self.ctl.resume([spare])
+        for part in parts:
+            live = self.ctl.partition_nodes(part)
+            members = [spare if n == node else n for n in live] if node in live else [*live, spare]
+            self.progress(f"partition {part}: {node} -> {spare}")
+            self.ctl.set_partition(part, list(dict.fromkeys(members)))
 
     def _verify_spare(self, spare: str, unhealthy: set[str], result: FailoverResult) -> str | None:
         health = check_nodes(self.cluster, self.remote, [spare])[spare]
@@ -340,7 +376,7 @@ def _reason(h: NodeHealth) -> str:
 def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None, peers: int = 2,
                   progress: Progress = lambda _m: None, reporter: Reporter | None = None,
                   remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
-                  persist: bool = True) -> Failover:
+                  persist: bool = True, command: str = "provision failover") -> Failover:
     """A Failover for the spec (SSH to the nodes, Slurm on the spec's controller)."""
     from provisioner.remote import SshRemote, targets_from_cluster
     from provisioner.spec import load_cluster
@@ -354,7 +390,7 @@ def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | 
     return Failover(spec, cluster, sdir, SlurmCtl(remote, cluster.spec.slurm.controller), remote,
                     overlay=str(overlay) if overlay else None, peers=peers, progress=progress,
                     reporter=reporter or NullReporter(), persist=persist,
-                    verify_remote=remote if remote_factory else None)
+                    verify_remote=remote if remote_factory else None, command=command)
 
 
 def names_of(nodes: Sequence[str]) -> str:

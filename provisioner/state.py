@@ -6,6 +6,8 @@ Layout under the state dir (`.provision/<cluster>/`):
     runs/<run-id>/<phase>/       ansible-runner's private data dir for that phase (artifacts/<phase>/...)
     hardware.json                per node the port GUIDs and serials seen, with old -> new records
     run.lock                     held (flock) by the one run working on this state; names its holder
+    day2.lock                    held (flock) from reading Slurm membership to recording a change (failover,
+                                 watch, rolling drains/resumes, replace-node); names its holder
 
 The journal is the only memory between runs: `--resume` reads the newest one (never a --check run's) and
 continues each host from the first phase it has not completed. Run ids sort by time, so "newest" is the last
@@ -27,8 +29,9 @@ import secrets as _secrets
 import socket
 import stat
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -51,6 +54,10 @@ def state_dir_for(cluster_name: str, out: Path | None = None) -> Path:
 JOURNAL = "journal.json"
 HARDWARE = "hardware.json"
 LOCK = "run.lock"
+DAY2_LOCK = "day2.lock"
+DAY2_WAIT_S = 900.0
+"""How long a long-running day-2 command (a rolling step, replace-node's return of a node) waits for the day-2
+lock before giving up naming its holder: longer than a failover with its verification and persist run takes."""
 SCHEMA = 1
 
 
@@ -257,15 +264,24 @@ def resumable_run(state_dir: Path) -> RunJournal | None:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# one run per state dir
+# locks: one run per state dir (run.lock), one day-2 change at a time (day2.lock), one known_hosts writer
 
-_HELD: dict[str, RunLock] = {}
+class _Held(threading.local):
+    """The locks this thread holds, by path: re-entrant within a thread, exclusive between threads and processes
+    (each acquisition opens its own descriptor, and flock excludes other descriptors even in one process)."""
+
+    def __init__(self) -> None:
+        self.locks: dict[str, StateLock] = {}
+
+
+_HELD = _Held()
 
 
 @dataclass
-class RunLock:
-    """An exclusive flock on ``<state>/run.lock`` held for the life of a run (the kernel drops it when the
-    process dies, however it dies). Re-entrant within a process: replace-node runs several runs in one lock."""
+class StateLock:
+    """An exclusive flock on a lock file, held until released (the kernel drops it when the process dies,
+    however it dies); the file names its holder. Re-entrant within a thread: replace-node runs several runs in
+    one run lock, a failover's persist run holds the day-2 lock it already has."""
 
     path: Path
     fd: int
@@ -274,8 +290,11 @@ class RunLock:
     def release(self) -> None:
         self.depth -= 1
         if self.depth == 0:
-            _HELD.pop(str(self.path), None)
+            _HELD.locks.pop(str(self.path), None)
             os.close(self.fd)  # closing the only descriptor releases the flock
+
+
+RunLock = StateLock
 
 
 def _read_holder(path: Path) -> dict[str, Any]:
@@ -286,37 +305,72 @@ def _read_holder(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def acquire_run_lock(state_dir: Path, *, run_id: str | None = None, command: str = "provision") -> RunLock:
-    """Hold the state dir's run lock, or raise UsageError naming the run that holds it."""
-    state_dir.mkdir(parents=True, exist_ok=True)
-    path = (state_dir / LOCK).resolve()
-    held = _HELD.get(str(path))
+def describe_holder(holder: dict[str, Any]) -> str:
+    """``provision failover gpu01, pid 4242 on head1, started 2026-...``: who holds a lock, from its file."""
+    if not holder:
+        return "another process"
+    run = f", run {holder['run_id']}" if holder.get("run_id") else ""
+    return (f"{holder.get('command') or 'provision'}, pid {holder.get('pid')} on {holder.get('host')}{run}, "
+            f"started {holder.get('started')}")
+
+
+def _flock(fd: int, wait_s: float | None) -> bool:
+    """Take an exclusive flock on ``fd``: at once, within ``wait_s`` seconds, or (None) however long it takes."""
+    if wait_s is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return True
+    deadline = time.monotonic() + wait_s
+    pause = 0.02
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+                raise
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(pause, left))
+        pause = min(pause * 2, 1.0)
+
+
+def acquire_lock(path: Path, *, command: str, refusal: Callable[[str], str], hint: str,
+                 wait_s: float | None = 0.5, run_id: str | None = None) -> StateLock:
+    """Hold the lock file ``path`` (created private), or raise UsageError ``refusal(<its holder>)``.
+
+    ``wait_s``: how long to wait for another holder (None: as long as it takes; short writers only)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path = path.resolve()
+    held = _HELD.locks.get(str(path))
     if held is not None:
         held.depth += 1
         return held
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    # a moment's patience: `provision status` probes the lock with a shared lock for a few microseconds
-    deadline = time.monotonic() + 0.5
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN) or time.monotonic() > deadline:
-                holder = _read_holder(path)
-                os.close(fd)
-                who = (f"pid {holder.get('pid')} on {holder.get('host')}, run {holder.get('run_id') or '-'}, "
-                       f"started {holder.get('started')}" if holder else "another process")
-                raise UsageError(f"another provision run is working on {state_dir} ({who})",
-                                 hint="wait for it to end; one run per cluster state at a time") from None
-            time.sleep(0.02)
+    try:
+        taken = _flock(fd, wait_s)
+    except OSError:
+        os.close(fd)
+        raise
+    if not taken:
+        holder = _read_holder(path)
+        os.close(fd)
+        raise UsageError(refusal(describe_holder(holder)), hint=hint)
     info = {"pid": os.getpid(), "host": socket.gethostname(), "run_id": run_id, "started": utcnow(),
             "command": command}
     os.ftruncate(fd, 0)
     os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
-    lock = RunLock(path, fd)
-    _HELD[str(path)] = lock
+    lock = StateLock(path, fd)
+    _HELD.locks[str(path)] = lock
     return lock
+
+
+def acquire_run_lock(state_dir: Path, *, run_id: str | None = None, command: str = "provision") -> RunLock:
+    """Hold the state dir's run lock, or raise UsageError naming the run that holds it."""
+    # a moment's patience: `provision status` probes the lock with a shared lock for a few microseconds
+    return acquire_lock(state_dir / LOCK, command=command, run_id=run_id, wait_s=0.5,
+                        refusal=lambda who: f"another provision run is working on {state_dir} ({who})",
+                        hint="wait for it to end; one run per cluster state at a time")
 
 
 @contextlib.contextmanager
@@ -328,10 +382,25 @@ def run_lock(state_dir: Path, *, run_id: str | None = None, command: str = "prov
         lock.release()
 
 
+@contextlib.contextmanager
+def day2_lock(state_dir: Path, *, command: str, wait_s: float | None = 0.5) -> Iterator[StateLock]:
+    """Hold ``<state>/day2.lock`` while Slurm membership is read, changed and recorded (failover, watch, rolling's
+    drains and resumes, replace-node's return of a node): one day-2 change at a time. Refused, naming the holder,
+    when another command holds it past ``wait_s``."""
+    lock = acquire_lock(state_dir / DAY2_LOCK, command=command, wait_s=wait_s,
+                        refusal=lambda who: f"the day-2 lock {state_dir / DAY2_LOCK} is held by {who}",
+                        hint="wait for it to end (one failover, watch round or rolling step at a time), then "
+                             "look again: the node may be failed over already")
+    try:
+        yield lock
+    finally:
+        lock.release()
+
+
 def lock_holder(state_dir: Path) -> dict[str, Any] | None:
     """Who holds the run lock now (its pid, host, run id), or None when no run is working on this state."""
     path = state_dir / LOCK
-    held = _HELD.get(str(path.resolve())) if path.exists() else None
+    held = _HELD.locks.get(str(path.resolve())) if path.exists() else None
     if held is not None:
         return _read_holder(path)
     try:

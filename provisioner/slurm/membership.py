@@ -13,6 +13,7 @@ Pure functions over the Cluster and the swap records; only :func:`load_swaps`/:f
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from provisioner.spec.rules import members
 from provisioner.state import utcnow, write_json_atomic
 
 SWAPS = Path("slurm") / "swaps.json"
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -105,14 +107,42 @@ def apply_swaps(base: Membership, swaps: list[Swap], order: dict[str, int] | Non
 
 
 def load_swaps(state_dir: Path) -> list[Swap]:
+    """The recorded swaps, oldest first; a record that repeats an earlier one still in force (the same node to
+    the same spare, not returned since: two failovers raced before the day-2 lock) is left out with a warning."""
     path = state_dir / SWAPS
     if not path.is_file():
         return []
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        return [Swap.from_json(s) for s in data.get("swaps") or []]
+        swaps = [Swap.from_json(s) for s in data.get("swaps") or []]
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
         raise UsageError(f"{path}: not a readable swap record ({exc})") from None
+    return _without_duplicates(path, swaps)
+
+
+def _without_duplicates(path: Path, swaps: list[Swap]) -> list[Swap]:
+    kept: list[Swap] = []
+    earlier: dict[tuple[str, str], tuple[int, Swap]] = {}     # (failed, spare) -> its first record and number
+    for number, s in enumerate(swaps, 1):
+        first = earlier.get((s.failed, s.spare))
+        if first is not None and (first[1].returned is None or first[1].returned > s.at):
+            _warn_once(f"{path}: record {number} ({s.failed} -> {s.spare} in {','.join(s.partitions)} at {s.at}) "
+                       f"repeats record {first[0]} (at {first[1].at}): ignored; remove it from the file once no "
+                       "failover is running")
+            continue
+        earlier[(s.failed, s.spare)] = (number, s)
+        kept.append(s)
+    return kept
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Say it once per process: membership is read many times per command (every watch round)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        log.warning("warning: %s", message)
 
 
 def _save(state_dir: Path, swaps: list[Swap]) -> None:

@@ -7,7 +7,9 @@ the lab's simulated tools and real captures (test_health.py builds them).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+import threading
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,9 +40,18 @@ class Probe:
         return {n: NodeHealth(n, list(self.bad.get(n, []))) for n in nodes}
 
 
+@dataclass
 class SlurmFake(FakeCtl):
+    """FakeCtl with slurmctld's live partition lists (``scontrol show partition`` / ``update PartitionName``)."""
+
+    parts: dict[str, list[str]] = field(default_factory=lambda: {"gpu": ["gpu01", "gpu02"]})
+
     def set_partition(self, partition: str, nodes: Sequence[str]) -> None:
         self.log.append(("partition", partition, ",".join(nodes)))
+        self.parts[partition] = list(nodes)
+
+    def partition_nodes(self, partition: str) -> list[str]:
+        return list(self.parts.get(partition, []))
 
 
 @pytest.fixture
@@ -54,9 +65,18 @@ class World:
     tmp: Path
     log: list[tuple[str, ...]] = field(default_factory=list)
     verify_fails: dict[str, str] = field(default_factory=dict)
+    ctl: SlurmFake = field(init=False)             # one slurmctld, whichever Failover talks to it
+    in_verify: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        self.ctl = SlurmFake(self.log)
 
     def verifier(self, cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], directory: Path,
                  progress: Any, remote: Any = None) -> VerifyReport:
+        if threading.current_thread().name == "first":  # race(): the first command waits here
+            self.in_verify.set()
+            assert self.release.wait(30), "the second command never finished"
         self.log.append(("verify", ",".join(nodes), ",".join(peers)))
         return _report(cluster.name, [_finding(n, self.verify_fails[n]) for n in nodes if n in self.verify_fails])
 
@@ -65,8 +85,33 @@ class World:
         return FakeRunJournal("r1", "passed")
 
     def failover(self) -> Failover:
-        return Failover(Path("c.yaml"), self.cluster, self.tmp, SlurmFake(self.log), None,  # type: ignore[arg-type]
+        return Failover(Path("c.yaml"), self.cluster, self.tmp, self.ctl, None,  # type: ignore[arg-type]
                         verifier=self.verifier, converge=self.converge)
+
+    def race(self, first: Callable[[], Any], second: Callable[[], Any]) -> list[Any]:
+        """``first`` in a thread, stopped inside its spare's verification until ``second`` (here) has finished:
+        two commands at once, in the one order that loses a swap without a lock. What each returned or raised."""
+        outcome: list[Any] = [None, None]
+
+        def run_first() -> None:
+            try:
+                outcome[0] = first()
+            except Exception as exc:  # the outcome under test
+                outcome[0] = exc
+            finally:
+                self.in_verify.set()
+
+        thread = threading.Thread(target=run_first, name="first")
+        thread.start()
+        assert self.in_verify.wait(30)
+        try:
+            outcome[1] = second()
+        except Exception as exc:  # the outcome under test
+            outcome[1] = exc
+        finally:
+            self.release.set()
+            thread.join(30)
+        return outcome
 
 
 @pytest.fixture(autouse=True)
@@ -271,3 +316,124 @@ def test_watch_interrupted_in_a_failover_records_it_and_exits_143(
     assert "failover of gpu01 was interrupted" in err
     helptext = " ".join((next(c for c in app.registered_commands if c.name == "watch").callback.__doc__ or "").split())
     assert "130/143/129 when the signal interrupted a failover" in helptext
+
+
+def test_two_failovers_of_one_node_at_once_record_one_swap_and_the_second_names_the_first(
+        cluster: Cluster, tmp_path: Path) -> None:
+    w = World(cluster, tmp_path)
+    first, second = w.race(lambda: w.failover().run("gpu01", "xid 79"), lambda: w.failover().run("gpu01", "xid 79"))
+    assert first.spare == "gpu03", first
+    assert isinstance(second, UsageError), second
+    msg = str(second)
+    assert "provision failover gpu01" in msg and f"pid {os.getpid()}" in msg and "started 20" in msg, msg
+    assert [(s.failed, s.spare) for s in load_swaps(tmp_path)] == [("gpu01", "gpu03")]
+    assert current(cluster, tmp_path).partitions == {"gpu": ["gpu02", "gpu03"]}   # readable: no exit 2 afterwards
+
+
+def test_failovers_of_two_nodes_at_once_never_share_a_spare_nor_put_a_drained_node_back(
+        cluster: Cluster, tmp_path: Path) -> None:
+    w = World(cluster, tmp_path)
+    outcome = w.race(lambda: w.failover().run("gpu01", "xid 79"), lambda: w.failover().run("gpu02", "xid 48"))
+    done = [r for r in outcome if not isinstance(r, Exception)]
+    spares = [r.spare for r in done if r.spare]
+    assert spares and len(spares) == len(set(spares)), outcome                 # distinct spares ...
+    assert len(done) == 2 or "held by provision failover gpu01" in str(outcome[1]), outcome   # ... or refused
+    swaps = load_swaps(tmp_path)
+    assert len({s.spare for s in swaps}) == len(swaps) == len(spares)
+    drained = {n for n, st in w.ctl.states.items() if st.drain}
+    assert not drained & set(w.ctl.parts["gpu"]), (w.ctl.parts, drained)
+    assert current(cluster, tmp_path).partitions["gpu"] == sorted(w.ctl.parts["gpu"])
+
+
+def test_overlapping_watch_rounds_fail_a_node_over_once(cluster: Cluster, tmp_path: Path, _probe: Probe) -> None:
+    """A systemd timer overrun: round A has seen gpu02 fail (before anything was drained) when round B starts;
+    B gets as far as verifying the spare, then A fails gpu02 over, then B finishes. Without the day-2 lock both
+    recorded gpu02 -> gpu03."""
+    w = World(cluster, tmp_path)
+    _probe.bad = {"gpu02": ["gpu_count: 1 of 2 GPUs"]}
+    a_confirmed, b_verifying, go_a, go_b = (threading.Event() for _ in range(4))
+    original = Probe.__call__
+
+    def probe(self: Probe, *a: Any, **kw: Any) -> dict[str, NodeHealth]:
+        if threading.current_thread().name == "A" and len(self.calls) == 1:   # A's confirmation probe
+            a_confirmed.set()
+            assert go_a.wait(30)
+        return original(self, *a, **kw)
+
+    def verifier(*a: Any, **kw: Any) -> VerifyReport:
+        if threading.current_thread().name == "B":
+            b_verifying.set()
+            assert go_b.wait(30)
+        return w.verifier(*a, **kw)
+
+    said: dict[str, list[str]] = {"A": [], "B": []}
+    found: dict[str, Any] = {}
+
+    def round_of(name: str) -> None:
+        fo = w.failover()
+        fo.verifier = verifier
+        try:
+            found[name] = Watch(fo, 60, progress=said[name].append).round()
+        finally:
+            (b_verifying if name == "B" else a_confirmed).set()
+
+    threads = {n: threading.Thread(target=round_of, args=(n,), name=n) for n in "AB"}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(Probe, "__call__", probe)
+        threads["A"].start()
+        assert a_confirmed.wait(30)
+        threads["B"].start()
+        assert b_verifying.wait(30)
+        go_a.set()
+        threads["A"].join(30)
+        go_b.set()
+        threads["B"].join(30)
+    assert [(s.failed, s.spare) for s in load_swaps(tmp_path)] == [("gpu02", "gpu03")]
+    assert [r.spare for r in found["B"]] == ["gpu03"] and found["A"] == [], found
+    assert any("failover of gpu02 could not run" in ln and "held by provision failover gpu02" in ln
+               for ln in said["A"]), said
+
+
+@pytest.mark.parametrize("reason", ["fan replaced [ops@2026-12-01T10:00:00]",
+                                    "provision rolling 20261201T100000.000000Z-abcdef batch 1/3 gpu03: gpu_stack"])
+def test_a_spare_someone_else_drained_is_skipped_never_resumed(cluster: Cluster, tmp_path: Path,
+                                                               reason: str) -> None:
+    from provisioner.slurm.ctl import NodeState
+
+    w = World(cluster, tmp_path)
+    w.ctl.states["gpu03"] = NodeState("gpu03", "IDLE+DRAIN", reason)
+    r = w.failover().run("gpu01", "xid 79")
+    assert r.spare is None and r.exit_code == 1
+    assert r.rejected == {"gpu03": f"drained by someone else ({reason}): left drained"}
+    assert not [e for e in w.log if e[0] in ("verify", "resume", "partition")], w.log
+    assert w.ctl.states["gpu03"].reason == reason and load_swaps(tmp_path) == []
+
+
+def test_the_partition_is_changed_from_slurms_live_list(cluster: Cluster, tmp_path: Path) -> None:
+    w = World(cluster, tmp_path)
+    w.ctl.parts["gpu"] = ["gpu01"]          # an operator took gpu02 out by hand: the spec and swaps do not know
+    assert w.failover().run("gpu01", "xid 79").spare == "gpu03"
+    assert w.ctl.parts["gpu"] == ["gpu03"] and ("partition", "gpu", "gpu03") in w.log
+
+
+def test_a_node_failed_over_already_is_refused_naming_its_swap(cluster: Cluster, tmp_path: Path) -> None:
+    w = World(cluster, tmp_path)
+    w.failover().run("gpu01", "xid 79")
+    with pytest.raises(UsageError, match=r"gpu01 was failed over already: gpu03 took its place in gpu at 20"):
+        w.failover().run("gpu01", "xid 79")
+
+
+def test_a_duplicate_swap_record_loads_with_a_warning_naming_it(cluster: Cluster, tmp_path: Path,
+                                                              caplog: pytest.LogCaptureFixture) -> None:
+    import json
+
+    record = {"failed": "gpu01", "spare": "gpu03", "partitions": ["gpu"], "at": "2026-12-01T10:00:00Z",
+              "reason": "xid 79", "returned": None}
+    (tmp_path / "slurm").mkdir()
+    (tmp_path / "slurm" / "swaps.json").write_text(json.dumps({"schema": 1, "swaps": [record, dict(record)]}))
+    with caplog.at_level("WARNING"):
+        assert current(cluster, tmp_path).partitions == {"gpu": ["gpu02", "gpu03"]}
+    assert [(s.failed, s.spare) for s in load_swaps(tmp_path)] == [("gpu01", "gpu03")]
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("record 2 (gpu01 -> gpu03 in gpu at 2026-12-01T10:00:00Z) repeats record 1" in m
+               and "swaps.json" in m for m in warned), warned
