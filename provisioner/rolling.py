@@ -22,6 +22,7 @@ continue from that batch. Subnet managers and storage servers come last, one per
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shlex
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -39,7 +40,7 @@ from provisioner.slurm.ctl import SlurmCtl, SlurmError, reason_text
 from provisioner.slurm.membership import spec_membership
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
-from provisioner.state import new_run_id, state_dir_for, utcnow, write_json_atomic
+from provisioner.state import DAY2_WAIT_S, day2_lock, new_run_id, state_dir_for, utcnow, write_json_atomic
 
 ROLLING_DIR = "rolling"
 JOURNAL = "rolling.json"
@@ -248,6 +249,7 @@ class Rolling:
     verifier: Verifier = verify_batch
     remote: Remote | None = None
     unhealthy: set[str] = field(default_factory=set)
+    day2_wait_s: float = DAY2_WAIT_S
 
     def _save(self) -> None:
         save(self.state_dir, self.journal)
@@ -273,6 +275,29 @@ class Rolling:
         self._save()
         return j
 
+    def _day2(self, label: str) -> contextlib.AbstractContextManager[object]:
+        """The day-2 lock around a drain or resume decision: waits for a failover or watch round to finish."""
+        return day2_lock(self.state_dir, command=f"provision rolling {self.journal.rolling_id} {label}",
+                         wait_s=self.day2_wait_s)
+
+    def _foreign_drains(self, nodes: Sequence[str]) -> dict[str, str]:
+        """The nodes of ``nodes`` drained with a reason not this run's (node -> that reason): they stay drained."""
+        ours = f"provision rolling {self.journal.rolling_id}"
+        assert self.ctl is not None
+        return {n: st.reason for n, st in self.ctl.nodes(nodes).items() if st.drain and not st.reason.startswith(ours)}
+
+    def _resume(self, b: BatchRecord, label: str) -> None:
+        assert self.ctl is not None
+        with self._day2(label):
+            mine = [n for n in b.drain if n not in b.already_drained]
+            since = self._foreign_drains(mine) if mine else {}
+            back = [n for n in mine if n not in since]
+            if back:
+                self.progress(f"{label}: resume {hostlist.compress(back)}")
+                self.ctl.resume(back)
+        for n, why in sorted(since.items()):
+            self.progress(f"{label}: {n} stays drained: drained meanwhile by someone else ({why})")
+
     def _fail(self, b: BatchRecord, label: str, why: str) -> None:
         b.status, b.reason, b.ended = "failed", why, utcnow()
         self._save()
@@ -290,13 +315,12 @@ class Rolling:
         if b.drain and self.ctl is not None:
             b.status = "draining"
             self._save()
-            if b.drained_at is None:
-                before = self.ctl.nodes(b.drain)
-                b.already_drained = {n: st.reason for n, st in before.items()
-                                     if st.drain and not st.reason.startswith(f"provision rolling {rid}")}
-            reason = f"provision rolling {rid} {label}: {', '.join(b.phases) or 'converge'}"
-            self.progress(f"{label}: drain {hostlist.compress(b.drain)} (Reason={reason_text(reason)})")
-            self.ctl.drain(b.drain, reason)
+            with self._day2(label):
+                if b.drained_at is None:
+                    b.already_drained = self._foreign_drains(b.drain)
+                reason = f"provision rolling {rid} {label}: {', '.join(b.phases) or 'converge'}"
+                self.progress(f"{label}: drain {hostlist.compress(b.drain)} (Reason={reason_text(reason)})")
+                self.ctl.drain(b.drain, reason)
             b.drained_at = b.drained_at or utcnow()
             b.status = "waiting"
             self._save()
@@ -339,11 +363,9 @@ class Rolling:
             more = f" (+{len(failures) - 1} more, see {directory})" if len(failures) > 1 else ""
             self._fail(b, label, f"verify: {failures[0]}{more}")
             return False
-        # 4. resume
-        back = [n for n in b.drain if n not in b.already_drained]
-        if back and self.ctl is not None:
-            self.progress(f"{label}: resume {hostlist.compress(back)}")
-            self.ctl.resume(back)
+        # 4. resume what this run drained, read again under the day-2 lock (a failover may have drained one since)
+        if b.drain and self.ctl is not None:
+            self._resume(b, label)
         for n, why in sorted(b.already_drained.items()):
             self.progress(f"{label}: {n} stays drained: it was drained before this run ({why})")
         b.status, b.ended = "done", utcnow()

@@ -7,6 +7,7 @@ and their output are tested in test_slurm_ctl.py on real captures, and end to en
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -243,3 +244,43 @@ def test_resume_command_carries_the_state_dir_and_the_overlay(driver_change: Har
     journal.options = {"overlay": "/tmp/x y/overlay.yaml", "out": "st", "max_wait": 600.0, "peers": 3}
     assert resume_command(journal) == ("provision cluster.yaml --rolling --resume --overlay '/tmp/x y/overlay.yaml' "
                                        "--out st --max-wait 600 --peers 3")
+
+
+def test_a_batch_node_someone_else_drains_meanwhile_is_not_resumed(driver_change: Harness) -> None:
+    """A failover drained gpu01 while its batch converged: the batch's resume leaves it drained (it resumes only
+    what the run itself drained, read again under the day-2 lock), and says so."""
+    h = driver_change
+    ctl = FakeCtl(h.log)
+    said: list[str] = []
+    converge = h.converge
+
+    def failover_meanwhile(spec: Path, opts: RunOptions, **kw: Any) -> FakeRunJournal:
+        if opts.limit == "gpu01":
+            ctl.drain(["gpu01"], "provision failover: xid 79")
+        return converge(spec, opts, **kw)
+
+    engine = h.engine(_journal(h), ctl)
+    engine.converge, engine.progress = failover_meanwhile, said.append
+    assert engine.run().status == "passed"
+    assert ("resume", "gpu01") not in h.log and ("resume", "gpu02") in h.log
+    assert ctl.states["gpu01"].reason == "provision failover: xid 79"
+    assert any("gpu01 stays drained: drained meanwhile by someone else (provision failover: xid 79)" in ln
+               for ln in said), said
+
+
+def test_a_batch_waits_for_the_day2_lock_and_stops_naming_its_holder(driver_change: Harness) -> None:
+    from provisioner.state import day2_lock
+
+    h = driver_change
+    ctl = FakeCtl(h.log)
+    engine = h.engine(_journal(h), ctl)
+    engine.day2_wait_s = 0.1
+    done: list[Any] = []
+    hold = threading.Thread(target=lambda: done.append(engine.run()))
+    with day2_lock(h.tmp, command="provision failover gpu02"):
+        hold.start()
+        hold.join(30)
+    journal = done[0]
+    assert journal.status == "stopped" and [e[0] for e in h.log] == ["drain"], h.log   # only _fail's reason
+    assert "could not run: the day-2 lock" in (journal.stop_reason or "")
+    assert "held by provision failover gpu02" in (journal.stop_reason or "")
