@@ -12,11 +12,13 @@ module that imports paramiko.
 from __future__ import annotations
 
 import base64
+import contextlib
 import hashlib
 import re
 import socket
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, NoReturn
 
 import paramiko
@@ -208,10 +210,37 @@ def recorded_host_keys(target: SshTarget) -> list[paramiko.PKey]:
     return keys
 
 
+KNOWN_HOSTS_WAIT_S = 60.0
+"""How long a writer waits for another one (each holds the lock for one read and rewrite of the file)."""
+
+
+@contextlib.contextmanager
+def known_hosts_lock(path: Path, command: str = "provision (known_hosts write)") -> Iterator[None]:
+    """One writer of the known_hosts file ``path`` at a time, from reading it to its rewrite: a flock on
+    ``<path>.lock`` beside it (the file itself is replaced by every atomic write, so a lock on it would not hold;
+    it may live outside the state dir). Re-entrant within a thread. Without it concurrent trust-host runs lost
+    lines (194 of 400 appends)."""
+    from provisioner.state import acquire_lock
+
+    lock = acquire_lock(path.with_name(path.name + ".lock"), command=command, wait_s=KNOWN_HOSTS_WAIT_S,
+                        refusal=lambda who: f"known_hosts {path} is being written by {who}",
+                        hint="wait for it to end, then run this again")
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _rewrite(target: SshTarget, key: paramiko.PKey, note: str | None) -> list[str]:
     """known_hosts with ``key``'s line added; with a ``note``, the node's old lines kept as ``# <note>: <line>``
     comments (ssh and paramiko skip them). Written atomically with its mode kept: a half-written known_hosts would
-    lock every run out. Returns the old lines."""
+    lock every run out. Returns the old lines. Under :func:`known_hosts_lock` (callers that decide on what the
+    file holds take it first, around their read)."""
+    with known_hosts_lock(target.known_hosts):
+        return _rewrite_locked(target, key, note)
+
+
+def _rewrite_locked(target: SshTarget, key: paramiko.PKey, note: str | None) -> list[str]:
     from provisioner.state import write_text_atomic
 
     path = target.known_hosts

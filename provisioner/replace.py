@@ -41,6 +41,7 @@ from provisioner.hostkeys import (
     decide,
     fetch_host_key,
     fingerprint,
+    known_hosts_lock,
     recorded_host_keys,
     replace_host_key,
 )
@@ -50,10 +51,12 @@ from provisioner.remote import Remote, SshRemote, SshTarget, targets_from_cluste
 from provisioner.report import VerifyReport
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.state import (
+    DAY2_WAIT_S,
     HardwareChange,
     PhaseRecord,
     RunJournal,
     current_hardware,
+    day2_lock,
     last_run,
     record_hardware,
     record_host_key,
@@ -304,10 +307,12 @@ def trust_new_key(target: SshTarget, state_dir: Path, *, accept_new: bool, expec
     """Step 1: fetch the offered key, decide, and replace the known_hosts line (old one kept as a comment)."""
     key = fetch_host_key(target)
     offered = fingerprint(key)
-    known = [fingerprint(k) for k in recorded_host_keys(target)]
     progress(f"{target.name} offers host key {key.get_name()} {offered}")
-    decision = decide_host_key(target.name, offered, known, accept_new=accept_new, expected=expected)
-    if decision.action == "replace":
+    with known_hosts_lock(target.known_hosts, command=f"provision replace-node {target.name}"):
+        known = [fingerprint(k) for k in recorded_host_keys(target)]
+        decision = decide_host_key(target.name, offered, known, accept_new=accept_new, expected=expected)
+        if decision.action != "replace":
+            return decision
         when = utcnow()
         replace_host_key(target, key, f"replaced {when} by provision replace-node")
         record_host_key(state_dir, target.name, old=list(known), new=offered, key_type=key.get_name(), when=when)
@@ -505,17 +510,20 @@ def return_as_spare(cluster: Cluster, state_dir: Path, node: str, progress: Prog
     from provisioner.slurm.ctl import SlurmCtl
     from provisioner.slurm.membership import current, mark_returned
 
-    if cluster.spec.slurm is None or node not in current(cluster, state_dir).failed:
+    if cluster.spec.slurm is None:
         return False
-    mark_returned(state_dir, node)
-    ssh = remote or SshRemote(targets_from_cluster(cluster))
-    try:
-        SlurmCtl(ssh, cluster.spec.slurm.controller).resume([node])
-    finally:
-        if remote is None:
-            close = getattr(ssh, "close", None)
-            if callable(close):
-                close()
+    with day2_lock(state_dir, command=f"provision replace-node {node}", wait_s=DAY2_WAIT_S):
+        if node not in current(cluster, state_dir).failed:
+            return False
+        mark_returned(state_dir, node)
+        ssh = remote or SshRemote(targets_from_cluster(cluster))
+        try:
+            SlurmCtl(ssh, cluster.spec.slurm.controller).resume([node])
+        finally:
+            if remote is None:
+                close = getattr(ssh, "close", None)
+                if callable(close):
+                    close()
     progress(f"{node} returns as a spare (in no partition, resumed in Slurm)")
     return True
 

@@ -22,6 +22,7 @@ from provisioner.hostkeys import (
     check_fingerprint,
     decide,
     fingerprint,
+    known_hosts_lock,
     recorded_host_keys,
 )
 from provisioner.remote import SshTarget
@@ -92,10 +93,11 @@ def _trust(targets: Mapping[str, SshTarget], nodes: Sequence[str], expected: Map
         except RemoteError as exc:
             results.append(TrustResult(node, "unreachable", None, exc.message))
             continue
-        known = [fingerprint(k) for k in recorded_host_keys(target)]
-        verdict = decide(node, fingerprint(key), known, expected=expected.get(node))
-        if verdict.action == "add":
-            append_host_key(target, key)
+        with known_hosts_lock(target.known_hosts, command="provision trust-host"):  # read, decide, write: one step
+            known = [fingerprint(k) for k in recorded_host_keys(target)]
+            verdict = decide(node, fingerprint(key), known, expected=expected.get(node))
+            if verdict.action == "add":
+                append_host_key(target, key)
         detail = f"{verdict.reason}: {verdict.hint}" if verdict.hint else verdict.reason
         results.append(TrustResult(node, _STATUS[verdict.action], verdict.offered, detail))
     return results
