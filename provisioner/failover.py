@@ -7,11 +7,17 @@ Failover of NODE (a node of some Slurm partition):
 2. **pick a spare** of NODE's profile (the spec's spares, minus those used by earlier failovers, plus failed
    nodes that came back through ``replace-node``) and **verify it against healthy peers** (the cheap health
    checks first, then links, versions, bandwidth and a short NCCL run with the peers, GPUDirect with one: the
-   rolling batch verification). A spare that fails is drained and the next one is tried;
-3. **put the spare in NODE's partitions** (``scontrol update PartitionName=... Nodes=...``, live) and record the
-   swap (``<state>/slurm/swaps.json``; the timeline under ``<state>/failover/``);
+   rolling batch verification). A spare that fails is drained and the next one is tried; a spare someone else
+   drained (an operator, a rolling batch: a reason not ours) is skipped and left drained;
+3. **put the spare in NODE's partitions** (``scontrol update PartitionName=... Nodes=...``, live, starting from
+   the list slurmctld has now) and record the swap (``<state>/slurm/swaps.json``; the timeline under
+   ``<state>/failover/``);
 4. **persist** it: the slurm phase renders slurm.conf with the swap on every Slurm node, so a restart of
    slurmctld keeps the spare in and NODE out.
+
+All of it runs under the day-2 lock (``<state>/day2.lock``, :func:`provisioner.state.day2_lock`): a second
+failover, a watch round or a rolling step meanwhile is refused (or waits) naming the holder, so two commands never
+pick the same spare or record a swap twice.
 
 The timeline (fault seen, drained, spare verified, spare in partition, persisted) is kept with the swap; the
 budget (``spares.failover_budget_s``, 10 minutes by default) is checked against fault-seen → spare-in-partition.

@@ -12,7 +12,11 @@ Per batch of :mod:`provisioner.plan`:
 4. **verify** the batch against healthy peers (as replace-node does: links and versions on the batch, bandwidth
    and NCCL with the peers, GPUDirect with a peer; subnet managers: links, versions and the SM check). Peers from
    batches already done come first (they run what the batch now runs).
-5. **resume** the nodes (``State=RESUME``).
+5. **resume** the nodes (``State=RESUME``): only those this run drained, read again then (a node a failover
+   drained meanwhile stays drained).
+
+The drain and the resume run under the day-2 lock (:func:`provisioner.state.day2_lock`), waiting for a failover
+or watch round that holds it.
 
 The first batch that fails (converge set a node aside, verification found an error on a batch node, jobs did not
 end in time) stops the run: its nodes stay drained with the reason, and the summary says how to resume. The
@@ -308,30 +312,38 @@ class Rolling:
                 self.progress(f"{label}: could not set the drain reason: {exc}")
         self.progress(f"{label}: FAILED: {why}")
 
+    def _drain_and_wait(self, b: BatchRecord, label: str) -> bool:
+        """Drain the batch (deciding under the day-2 lock which nodes were drained by someone else), then wait
+        until no job holds it; False when jobs outlast --max-wait (the batch failed)."""
+        assert self.ctl is not None
+        rid = self.journal.rolling_id
+        b.status = "draining"
+        self._save()
+        with self._day2(label):
+            if b.drained_at is None:
+                b.already_drained = self._foreign_drains(b.drain)
+            reason = f"provision rolling {rid} {label}: {', '.join(b.phases) or 'converge'}"
+            self.progress(f"{label}: drain {hostlist.compress(b.drain)} (Reason={reason_text(reason)})")
+            self.ctl.drain(b.drain, reason)
+        b.drained_at = b.drained_at or utcnow()
+        b.status = "waiting"
+        self._save()
+        busy = self.ctl.wait_idle(b.drain, self.max_wait_s,
+                                  progress=lambda m: self.progress(f"{label}: {m}"))
+        if busy:
+            jobs = ", ".join(f"{n} ({','.join(ids) or 'completing'})" for n, ids in sorted(busy.items()))
+            self._fail(b, label, f"jobs still running after --max-wait {self.max_wait_s:g} s on {jobs}")
+            return False
+        b.idle_at = utcnow()
+        self.progress(f"{label}: no job left on {hostlist.compress(b.drain)}")
+        return True
+
     def _batch(self, b: BatchRecord, label: str, total: int) -> bool:
         rid = self.journal.rolling_id
         b.started, b.reason = b.started or utcnow(), None
-        # 1. drain (and note the nodes someone else drained before this run: they stay drained)
-        if b.drain and self.ctl is not None:
-            b.status = "draining"
-            self._save()
-            with self._day2(label):
-                if b.drained_at is None:
-                    b.already_drained = self._foreign_drains(b.drain)
-                reason = f"provision rolling {rid} {label}: {', '.join(b.phases) or 'converge'}"
-                self.progress(f"{label}: drain {hostlist.compress(b.drain)} (Reason={reason_text(reason)})")
-                self.ctl.drain(b.drain, reason)
-            b.drained_at = b.drained_at or utcnow()
-            b.status = "waiting"
-            self._save()
-            busy = self.ctl.wait_idle(b.drain, self.max_wait_s,
-                                      progress=lambda m: self.progress(f"{label}: {m}"))
-            if busy:
-                jobs = ", ".join(f"{n} ({','.join(ids) or 'completing'})" for n, ids in sorted(busy.items()))
-                self._fail(b, label, f"jobs still running after --max-wait {self.max_wait_s:g} s on {jobs}")
-                return False
-            b.idle_at = utcnow()
-            self.progress(f"{label}: no job left on {hostlist.compress(b.drain)}")
+        # 1. drain (and note the nodes someone else drained before this run: they stay drained), wait for jobs
+        if b.drain and self.ctl is not None and not self._drain_and_wait(b, label):
+            return False
         # 2. converge the batch alone
         b.status = "converging"
         self._save()
