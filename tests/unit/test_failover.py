@@ -437,3 +437,22 @@ def test_a_duplicate_swap_record_loads_with_a_warning_naming_it(cluster: Cluster
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert any("record 2 (gpu01 -> gpu03 in gpu at 2026-12-01T10:00:00Z) repeats record 1" in m
                and "swaps.json" in m for m in warned), warned
+
+
+def test_the_cli_refuses_a_failover_while_another_holds_the_lock_in_one_line(tmp_path: Path) -> None:
+    """`provision failover` in its own process while this one holds the day-2 lock: exit 2, one line naming the
+    holder, nothing touched (no SSH: the lock comes before the first Slurm command)."""
+    import subprocess
+    import sys
+
+    from provisioner.state import day2_lock
+
+    spec = Path(__file__).resolve().parents[1] / "lab" / "slurm_cluster.yaml"
+    with day2_lock(tmp_path / "st", command="provision failover gpu02"):
+        done = subprocess.run([sys.executable, "-m", "provisioner.cli", "failover", str(spec), "gpu01", "--out",
+                               str(tmp_path / "st")], capture_output=True, text=True, timeout=120, check=False)
+    assert done.returncode == 2 and done.stdout == "", (done.returncode, done.stdout, done.stderr)
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"provision: error: the day-2 lock {tmp_path / 'st' / 'day2.lock'} is held by provision "
+                           f"failover gpu02, pid {os.getpid()} on "), line
+    assert not (tmp_path / "st" / "failover").exists() and not (tmp_path / "st" / "slurm").exists()
