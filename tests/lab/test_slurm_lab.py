@@ -17,7 +17,11 @@ The tests share one lab and one state directory and run in file order:
 3. with a job running on gpu02, gpu02 loses a GPU; one ``provision watch --once`` round sees it (twice, the
    confirmation probe), drains gpu02, verifies the spare against a healthy peer, puts gpu03 in gpu02's place in the
    partition and persists slurm.conf; the time from the fault to the spare in the partition is measured and must be
-   inside the spec's failover budget (``bench/bench_failover.py`` reports the same timeline).
+   inside the spec's failover budget (``bench/bench_failover.py`` reports the same timeline);
+4. with the cluster put back as the spec has it (gpu01-02 in the partition, gpu03 the only spare), two ``provision
+   failover`` processes start at once, for gpu01 and for gpu02: exactly one gets gpu03, the other is refused by
+   the day-2 lock naming the holder (or, had it started after the first finished, finds no spare left), swaps.json
+   holds one record and the live partition has no node that should not be there.
 
 Run: ``PROVISIONER_LAB_DIR=/tmp/slurm-lab pytest -m lab tests/lab/test_slurm_lab.py`` (root, podman); the cluster
 name is ``slurmlab`` unless PROVISIONER_LAB_TEST_CLUSTER says otherwise.
@@ -30,6 +34,8 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -44,7 +50,8 @@ from provisioner.lab import faults
 from provisioner.lab.host import podman
 from provisioner.lab.names import container_name
 from provisioner.rolling import load_last
-from provisioner.slurm.membership import load_swaps
+from provisioner.slurm.membership import SWAPS, load_swaps
+from provisioner.spec import hostlist
 
 pytestmark = [
     pytest.mark.lab,
@@ -274,3 +281,46 @@ def test_watch_puts_the_spare_in_a_node_that_lost_a_gpu(lab: Lab, capsys: pytest
     assert in_partition < budget and round_s < budget, (in_partition, round_s)
     print(f"failover: spare in partition {in_partition:.1f} s after the watch saw the fault; fault injected to the "
           f"round done (persisted) {round_s:.1f} s; budget {budget} s")
+
+
+def put_back_as_specified(lab: Lab) -> None:
+    """gpu01-02 in service in the partition, gpu03 the spare, no job, no fault, no swap recorded (the trusted
+    local channel: what an operator would do by hand)."""
+    sh("sm1", "scancel --user=root || true")
+    for host in ("gpu01", "gpu02", "gpu03"):
+        faults.clear(lab.root, host)
+    (lab.state / SWAPS).unlink(missing_ok=True)
+    sh("sm1", "scontrol update PartitionName=gpu Nodes=gpu[01-02]")
+    for n in ("gpu01", "gpu02", "gpu03"):
+        if "DRAIN" in node_state(n)["State"]:
+            sh("sm1", f"scontrol update NodeName={n} State=RESUME")
+    assert partition_nodes() == "gpu[01-02]"
+
+
+def test_two_failovers_at_once_one_spare_one_swap(lab: Lab) -> None:
+    put_back_as_specified(lab)
+    t0 = time.monotonic()
+    procs = {node: subprocess.Popen([sys.executable, "-m", "provisioner.cli", "failover", str(lab.spec), node,
+                                     "--overlay", str(lab.info.overlay), "--out", str(lab.state), "--peers", "1",
+                                     "--no-persist", "--reason", "concurrency test"],
+                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for node in ("gpu01", "gpu02")}
+    out = {node: p.communicate(timeout=300)[0] for node, p in procs.items()}
+    took = time.monotonic() - t0
+    rc = {node: p.returncode for node, p in procs.items()}
+    winners = [n for n, code in rc.items() if code == 0]
+    assert len(winners) == 1, (rc, out)
+    [won], [lost] = winners, [n for n in rc if n != winners[0]]
+    assert f"gpu03 replaces {won} in gpu" in out[won], out[won][-3000:]
+    refused = rc[lost] == 2 and f"is held by provision failover {won}, pid {procs[won].pid}" in out[lost]
+    no_spare = rc[lost] == 1 and "no spare passed" in out[lost]
+    assert refused or no_spare, (rc[lost], out[lost][-3000:])
+    assert "Traceback" not in out[lost], out[lost]
+    assert [(s.failed, s.spare) for s in load_swaps(lab.state)] == [(won, "gpu03")]
+    members = hostlist.expand(partition_nodes())
+    assert sorted(members) == sorted([lost, "gpu03"]), members
+    for n in members:   # the loser stays in service unless it went on to drain itself (it asked for that)
+        assert "DRAIN" not in node_state(n)["State"] or (no_spare and n == lost), (n, node_state(n))
+    assert "DRAIN" in node_state(won)["State"], node_state(won)
+    print(f"two failovers at once: {won} -> gpu03 (exit 0), {lost} exit {rc[lost]} "
+          f"({'refused by the day-2 lock' if refused else 'no spare left'}); {took:.1f} s")
