@@ -200,7 +200,7 @@ class Failover:
 
     def _steps(self, result: FailoverResult, membership: Membership, bad: set[str]) -> FailoverResult:
         """Drain, verify spares, swap, record, persist: the timeline marks each step as it is done."""
-        c, node, reason, parts, tl = self.cluster, result.node, result.reason, result.partitions, result.timeline
+        node, reason, parts, tl = result.node, result.reason, result.partitions, result.timeline
         self.progress(f"drain {node}: {reason}")
         self.ctl.drain([node], f"{OUR_DRAIN}: {reason}")
         tl.mark("drained")
