@@ -12,8 +12,9 @@ algorithm, the protocol and the InfiniBand transport, with values the documentat
 - ``NCCL_NET_GDR_LEVEL`` PIX, PHB or SYS: how far apart a GPU and its NIC may be for GPUDirect RDMA.
 
 Each setting is one knob changed from the defaults, run ``repeats`` times next to the defaults' own runs. A setting
-is recommended only when its median beats the defaults' median by more than the run-to-run spread (the larger of
-the two ranges), and only the best one: knobs interact, and a combination nobody measured is not recommended.
+is recommended only when its median beats the defaults' median by more than the run-to-run spread: the larger of
+the two ranges, and five standard errors of the pooled run-to-run noise (:func:`margin`); and only the best one:
+knobs interact, and a combination nobody measured is not recommended.
 Nothing changes on the nodes: the result is a table and the spec snippet (``software.nccl_env``) that the nccl role
 writes to /etc/nccl.conf on the next converge. Every rank runs with ``NCCL_DEBUG_SUBSYS`` including ENV, and the
 table says whether NCCL reported taking each setting ("NCCL_ALGO set by environment to Tree").
@@ -21,6 +22,7 @@ table says whether NCCL reported taking each setting ("NCCL_ALGO set by environm
 
 from __future__ import annotations
 
+import math
 import re
 import statistics
 from collections.abc import Callable, Mapping, Sequence
@@ -36,6 +38,10 @@ KNOBS: dict[str, tuple[str, ...]] = {
 """The knobs `provision tune` sweeps and their values (see the module's docstring)."""
 
 DEFAULT_REPEATS = 3
+SIGNIFICANCE = 5.0
+"""Standard errors a gain must exceed (see :func:`margin`): against the pooled noise of a sweep with 3 runs per
+setting, pure noise passes about once in a thousand comparisons (Student's t, 6+ degrees of freedom), while a 5 %
+gain on a fabric whose runs scatter by 1 % still shows."""
 _TAKEN = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$", re.M)
 
 
@@ -121,19 +127,34 @@ def sweep(settings: Sequence[Setting], measure: Callable[[Mapping[str, str]], Sa
             progress(f"round {r + 1}/{repeats}: {s.label}: {figure}")
 
 
-def margin(defaults: Setting, s: Setting) -> float:
-    """How far ``s`` must beat the defaults' median to count: the larger run-to-run range of the two."""
-    return max(defaults.spread, s.spread)
+def noise(settings: Sequence[Setting]) -> float:
+    """The run-to-run standard deviation of the sweep, pooled over every setting's own runs (each setting's
+    scatter around its own mean is noise, whatever the knob does), in GB/s."""
+    groups = [s.figures for s in settings if len(s.figures) > 1]
+    dof = sum(len(g) - 1 for g in groups)
+    if not dof:
+        return 0.0
+    return math.sqrt(sum((x - statistics.fmean(g)) ** 2 for g in groups for x in g) / dof)
+
+
+def margin(defaults: Setting, s: Setting, sd: float) -> float:
+    """How far ``s`` must beat the defaults' median to count: more than the larger run-to-run range of the two, and
+    more than :data:`SIGNIFICANCE` standard errors of the difference (pooled noise ``sd``): with 2 or 3 runs a range
+    can come out small by chance (the lab's +-1 % jitter once gave two runs 0.4 GB/s apart and a setting with no
+    effect a 0.8 GB/s lead), and a recommendation changes every job on the cluster."""
+    n_d, n_s = max(len(defaults.figures), 1), max(len(s.figures), 1)
+    return max(defaults.spread, s.spread, SIGNIFICANCE * sd * math.sqrt(1 / n_d + 1 / n_s))
 
 
 def recommend(settings: Sequence[Setting]) -> Setting | None:
-    """The best setting whose median beats the defaults' by more than the spread; None when none does."""
+    """The best setting whose median beats the defaults' by more than the margin; None when none does."""
     defaults = settings[0]
     base = defaults.median
     if base is None or not defaults.complete:
         return None
+    sd = noise(settings)
     better = [s for s in settings[1:] if s.complete and s.confirmed and s.median is not None
-              and s.median - base > margin(defaults, s)]
+              and s.median - base > margin(defaults, s, sd)]
     return max(better, key=lambda s: s.median or 0.0, default=None)
 
 
