@@ -19,8 +19,8 @@ from provisioner import __version__
 from provisioner.errors import ProvisionerError, SpecInvalid
 from provisioner.fabric import registry as check_registry
 from provisioner.interrupt import Interrupted
+from provisioner.safetext import escaped, printable
 from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
-from provisioner.spec.diagnostics import printable
 from provisioner.state import state_dir_for
 
 EPILOG = """\b
@@ -94,7 +94,7 @@ def validate(
     else:
         _print_diagnostics(res.diagnostics)
         n_nodes = len(res.cluster.nodes) if res.cluster else 0
-        summary = f"{printable(str(spec))}: {len(res.errors)} error(s), {len(res.warnings)} warning(s)"
+        summary = f"{escaped(spec)}: {len(res.errors)} error(s), {len(res.warnings)} warning(s)"
         if res.cluster is not None and not res.errors:
             summary += f"; {n_nodes} nodes, {len(res.cluster.switches)} switches"
         err.print(summary, markup=False)
@@ -191,7 +191,8 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
         if run is None:
             return StepOutcome(status="not_built", note="no verification in this run to report on")
         for f in run.report.findings():
-            err.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+            err.print(f"{f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}",
+                      markup=False)
         for line in map(nccl_line, run.report.nccl_runs()):
             err.print(line, markup=False)
         return StepOutcome(note=f"reports: {run.directory}")
@@ -488,13 +489,14 @@ def verify_cmd(
         out.print(to_json(run.report), markup=False, end="", highlight=False)
     else:
         for f in run.report.findings():
-            out.print(f"{f.severity.upper():7s} {f.location()}: {f.message}", markup=False)
+            out.print(f"{f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}",
+                      markup=False)
         not_run: dict[tuple[str, str], list[str]] = {}  # one line per cause: the nodes that share it folded
         for c in run.report.checks:
             if not c.ran:
                 not_run.setdefault((c.name, c.error or ""), []).append(c.node or "cluster")
         for (name, why), nodes in not_run.items():
-            out.print(f"NOT RUN {name} {hostlist.compress(nodes)}: {why}", markup=False)
+            out.print(f"NOT RUN {name} {hostlist.compress(nodes)}: {printable(why)}", markup=False)
         for line in map(nccl_line, run.report.nccl_runs()):
             out.print(line, markup=False)
         out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
@@ -733,7 +735,7 @@ def trust_host_cmd(
     for r in results:
         if r.status == "trusted" and r.offered:
             record_host_key(state, r.node, old=[], new=r.offered, key_type="ssh")
-        out.print(f"{r.node}: {r.status}: {r.offered or '-'}: {r.detail}", markup=False)
+        out.print(printable(f"{r.node}: {r.status}: {r.offered or '-'}: {r.detail}"), markup=False)
     raise typer.Exit(0 if all(r.status in ("trusted", "known") for r in results) else 2)
 
 
@@ -1047,8 +1049,8 @@ def main(argv: list[str] | None = None) -> int:
         errors = sum(1 for d in exc.diagnostics if isinstance(d, Diagnostic) and d.severity == "error")
         err.print(f"the spec has {errors} error(s); fix them and run again", markup=False)
         return exc.exit_code
-    except ProvisionerError as exc:  # one line: a path or name in the message may hold a newline or an escape
-        err.print(f"provision: error: {printable(str(exc))}", markup=False)
+    except ProvisionerError as exc:  # one line: a path, a name or a node's words in the message
+        err.print(f"provision: error: {printable(exc)}", markup=False)
         return exc.exit_code
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -1060,7 +1062,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:  # a file or directory the command needs cannot be read or written: could not run
         where = f"{exc.filename}: " if exc.filename else ""
-        err.print(f"provision: error: {printable(f'{where}{exc.strerror or exc}')}", markup=False)
+        err.print(printable(f"provision: error: {where}{exc.strerror or exc}"), markup=False)
         return 2
     except Exception as exc:  # click usage errors and anything unexpected: one line, never a traceback
         format_message = getattr(exc, "format_message", None)

@@ -38,6 +38,8 @@ from provisioner.collection import ContentMissing, require_playbook
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.hostpattern import select_hosts
 from provisioner.runner import PlaybookResult, RunnerError, ansible_state_dir, run_playbook
+from provisioner.runner import PlaybookResult, RunnerError, run_playbook
+from provisioner.safetext import printable
 from provisioner.spec.hostlist import compress
 from provisioner.state import (
     HostProgress,
@@ -482,8 +484,8 @@ def retry_command(journal: RunJournal, spec: str | None = None) -> str | None:
 
 
 def one_line(text: object) -> str:
-    """``text`` with every run of whitespace (newlines, \\r) as one space."""
-    return " ".join(str(text).split())
+    """``text`` (a task's or a node's words) as one line safe to print: :func:`provisioner.safetext.printable`."""
+    return printable(text)
 
 
 def phase_line(rec: PhaseRecord) -> str:

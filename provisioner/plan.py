@@ -36,7 +36,7 @@ from provisioner.phases import PHASE_NAMES, phase
 from provisioner.slurm.membership import Membership
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
-from provisioner.spec.diagnostics import printable
+from provisioner.safetext import escaped
 
 CONVERGE_PHASES = tuple(p for p in PHASE_NAMES if phase(p).playbook)
 SERVICE_ROLES = ("subnet_manager", "nfs_server", "storage")
@@ -272,7 +272,7 @@ def cached_manifests(state_dir: Path, nodes: Sequence[str]) -> tuple[dict[str, M
 
 def summary_lines(plan: Plan) -> list[str]:
     """The plan for a person: per node the changes and what they disrupt, then the batches."""
-    lines = [f"plan for {plan.cluster} ({printable(plan.spec)}; manifests read over {plan.manifests_from}): "
+    lines = [f"plan for {plan.cluster} ({escaped(plan.spec)}; manifests read over {plan.manifests_from}): "
              f"{sum(1 for p in plan.nodes.values() if p.needed)} of {len(plan.nodes)} node(s) change"]
     for n, p in plan.nodes.items():
         if p.missing is not None:

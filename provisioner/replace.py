@@ -49,6 +49,7 @@ from provisioner.parsers import parse
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.remote import Remote, SshRemote, SshTarget, targets_from_cluster
 from provisioner.report import VerifyReport
+from provisioner.safetext import printable
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.state import (
     DAY2_WAIT_S,
@@ -558,7 +559,7 @@ def summary_lines(result: ReplaceResult) -> list[str]:
     if r.report is not None:
         lines.append(f"  verified against {', '.join(r.peers) or 'no peer (links and versions only)'}")
         for f in r.report.findings():
-            lines.append(f"    {f.severity.upper():7s} {f.location()}: {f.message}")
+            lines.append(f"    {f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}")
         lines.append(f"  verify: {r.report.verdict.label} ({r.report_dir})")
     if r.returned_as_spare:
         lines.append(f"  {r.node} was failed over before: it stands by as a spare now (in no Slurm partition)")

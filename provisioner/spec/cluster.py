@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from provisioner.spec.diagnostics import printable
+from provisioner.safetext import escaped
 from provisioner.spec.models import Spec
 from provisioner.spec.yamlload import Path
 
@@ -118,7 +118,7 @@ class Cluster:
     def source(self) -> str:
         """The spec file's name as the comments of generated files show it: a file name may hold a newline, which
         would end the comment and make the rest of the name a line of YAML or configuration."""
-        return printable(os.path.basename(self.file))
+        return escaped(os.path.basename(self.file))
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

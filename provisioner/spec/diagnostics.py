@@ -12,19 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Literal
 
+from provisioner.safetext import escaped, printable
 from provisioner.spec import hostlist
 
 Severity = Literal["error", "warning"]
-
-
-def printable(text: str) -> str:
-    """``text`` with every character that is not printable (a newline, a control or line-separator character)
-    written as its Python escape: one line, which no reader of a generated file can take for more than text."""
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
-
-
-def _one_line(text: str) -> str:
-    return printable(" ".join(text.split()))
 
 
 @dataclass(frozen=True, order=True)
@@ -39,9 +30,9 @@ class Diagnostic:
 
     def format(self) -> str:
         """One line, always: control characters from the input (and the file's name) are shown escaped."""
-        tail = f" ({_one_line(self.hint)})" if self.hint else ""
+        tail = f" ({printable(self.hint)})" if self.hint else ""
         level = "" if self.severity == "error" else "warning: "
-        return f"{printable(self.file)}:{self.line}:{self.col}: {self.rule}: {level}{_one_line(self.message)}{tail}"
+        return f"{escaped(self.file)}:{self.line}:{self.col}: {self.rule}: {level}{printable(self.message)}{tail}"
 
     def to_json(self) -> dict[str, object]:
         return {
