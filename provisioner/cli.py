@@ -789,16 +789,16 @@ def discover_cmd(
     ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port,
            "jump": bastion.model_dump() if bastion else None}
     if fingerprint is not None or fingerprints is not None:
-        trust_first(chosen, expected, progress=lambda m: err.print(f"[discover] {m}", markup=False))
+        trust_first(chosen, expected, progress=lambda m: err.print(f"[discover] {printable(m)}", markup=False))
     with SshRemote(chosen) as remote:
         draft = discover(remote, chosen, cluster_name=name, ssh=ssh,
-                         progress=lambda m: err.print(f"[discover] {m}", markup=False))
+                         progress=lambda m: err.print(f"[discover] {printable(m)}", markup=False))
     res = load_text(draft.text, str(out_file or "<draft>"))
     _write_or_print(draft.text, out_file)
-    for line in draft.skipped:
-        err.print(f"not read: {line}", markup=False)
+    for line in draft.skipped:  # what nodes reported, shown safe (safetext)
+        err.print(f"not read: {printable(line)}", markup=False)
     for line in draft.todo:
-        err.print(f"TODO: {line}", markup=False)
+        err.print(f"TODO: {printable(line)}", markup=False)
     _print_diagnostics(res.diagnostics)
     err.print(f"draft: {draft.nodes} node(s), {draft.switches} switch(es), {draft.cables} cable(s); "
               f"{len(res.errors)} error(s), {len(res.warnings)} warning(s)", markup=False)

@@ -34,9 +34,11 @@ from provisioner.errors import ParseError, RemoteError, UsageError
 from provisioner.parsers import parse
 from provisioner.parsers.nvidia_query import QUERY, parse_nvidia_smi_query
 from provisioner.remote import Completed, JumpTarget, Remote, SshTarget
+from provisioner.safetext import printable
 from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.compat import DOCA_OFED
+from provisioner.spec.models import DEVICE_NAME_PATTERN, HOST_NAME_PATTERN, VERSION_PATTERN
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -72,6 +74,17 @@ debian-12; ubuntu-24.04 gets PLACEHOLDERS_2404)."""
 PLACEHOLDERS_2404 = {"driver": "560.35.03", "cuda": "12.6.2", "nccl": "2.21.5"}
 OS_NAMES = {("ubuntu", "22.04"): "ubuntu-22.04", ("ubuntu", "24.04"): "ubuntu-24.04", ("debian", "12"): "debian-12"}
 
+#: What a node reports becomes spec text only when it fits its field's pattern (the spec's own where it has one):
+#: a value that does not is left out, with a TODO showing it escaped (safetext.printable) and cut short.
+FIELDS: dict[str, tuple[re.Pattern[str], str]] = {
+    "hostname": (re.compile(HOST_NAME_PATTERN), "a host name (a-z, 0-9, '-')"),
+    "kernel": (re.compile(r"^[0-9A-Za-z.+~_-]{1,64}$"), "a kernel version"),
+    "driver": (re.compile(VERSION_PATTERN), "a driver version"),
+    "HCA": (re.compile(DEVICE_NAME_PATTERN), "a device name (A-Z, a-z, 0-9, '_')"),
+}
+SHOWN_CHARS = 64
+"""How much of a value that fits no pattern a TODO shows."""
+
 
 # --- what one node said ---------------------------------------------------------------------------------------
 @dataclass
@@ -103,6 +116,16 @@ class NodeFacts:
     sminfo: dict[str, Any] | None = None
     packages: dict[str, str] = field(default_factory=dict)
     unreachable: str | None = None
+    rejected: list[tuple[str, str]] = field(default_factory=list)  # (field, the value shown safe): fits no pattern
+
+
+def _fits(facts: NodeFacts, what: str, value: str) -> bool:
+    """Whether a node's ``value`` fits the pattern of ``what`` (FIELDS); one that does not is noted in
+    ``facts.rejected``, shown safe, and never enters the draft."""
+    if FIELDS[what][0].fullmatch(value):
+        return True
+    facts.rejected.append((what, printable(value, SHOWN_CHARS)))
+    return False
 
 
 def split_sections(text: str) -> dict[str, tuple[int, str]]:
@@ -131,7 +154,8 @@ def _os_release(text: str) -> tuple[str | None, str | None]:
 
 
 def _short(text: str) -> str:
-    return " ".join(text.split())[:160]
+    """A tool's output or error as one safe line for a comment or a message (no control characters)."""
+    return printable(text, 160)
 
 
 def read_node(host: str, address: str, done: Completed) -> NodeFacts:
@@ -144,14 +168,9 @@ def read_node(host: str, address: str, done: Completed) -> NodeFacts:
     if not sections:
         facts.unreachable = f"the probe printed nothing usable (rc {done.rc}): {_short(done.stderr)}"
         return facts
-    rc, text = sections.get("hostname", (1, ""))
-    name = text.strip().split(".")[0].lower() if rc == 0 else ""
-    facts.name = name or None
-    rc, text = sections.get("os-release", (1, ""))
-    if rc == 0:
-        facts.os, facts.os_pretty = _os_release(text)
-    rc, text = sections.get("kernel", (1, ""))
-    facts.kernel = (text.strip() or None) if rc == 0 else None
+    _read_system(facts, sections)
+    if facts.unreachable:
+        return facts
     topo = _read_gpus(facts, sections)
     _read_hcas(facts, sections, topo)
     rc, text = sections.get("ofed", (1, ""))
@@ -175,6 +194,22 @@ def read_node(host: str, address: str, done: Completed) -> NodeFacts:
     return facts
 
 
+def _read_system(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> None:
+    """Hostname, OS and kernel; a node whose hostname is no host name is left out (its name is the spec's key)."""
+    rc, text = sections.get("hostname", (1, ""))
+    name = text.strip().split(".")[0].lower() if rc == 0 else ""
+    if name and not FIELDS["hostname"][0].fullmatch(name):
+        facts.unreachable = f"its hostname is not {FIELDS['hostname'][1]}: {printable(name, SHOWN_CHARS)}"
+        return
+    facts.name = name or None
+    rc, text = sections.get("os-release", (1, ""))
+    if rc == 0:
+        facts.os, facts.os_pretty = _os_release(text)
+    rc, text = sections.get("kernel", (1, ""))
+    kernel = text.strip() if rc == 0 else ""
+    facts.kernel = kernel if kernel and _fits(facts, "kernel", kernel) else None
+
+
 def _read_gpus(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> dict[str, Any] | None:
     """GPUs from nvidia-smi --query-gpu; returns the parsed topo -m (None when not read) for the HCAs."""
     rc, text = sections.get("nvidia-smi", (127, ""))
@@ -184,8 +219,11 @@ def _read_gpus(facts: NodeFacts, sections: Mapping[str, tuple[int, str]]) -> dic
     try:
         facts.gpus = parse_nvidia_smi_query(text)["gpus"]
     except ParseError as exc:
-        facts.gpu_note = str(exc)
+        facts.gpu_note = _short(str(exc))
         return None
+    for gpu in facts.gpus:  # the name only reaches a comment (the spec names the catalog's model)
+        if gpu["driver_version"] and not _fits(facts, "driver", gpu["driver_version"]):
+            gpu["driver_version"] = None
     rc, text = sections.get("topo", (1, ""))
     if rc != 0 or len(facts.gpus) < 1:
         return None
@@ -207,8 +245,9 @@ def _read_hcas(facts: NodeFacts, sections: Mapping[str, tuple[int, str]], topo: 
     try:
         devices = parse("ibstat", text)["devices"]
     except ParseError as exc:
-        facts.hca_note = str(exc)
+        facts.hca_note = _short(str(exc))
         return
+    devices = [dev for dev in devices if _fits(facts, "HCA", dev["name"])]
     serves: dict[str, int] = {}
     if topo:
         names = topo.get("nic_names", {})
@@ -322,7 +361,8 @@ def _profile_yaml(name: str, kind: _Kind, fabric_rate: float) -> list[str]:
         if kind.nvswitch:
             lines.append("    # nvswitch: every GPU pair is on NVLink (nvidia-smi topo -m) on an SXM board")
     elif kind.gpu_count:
-        lines.append(f"    # TODO gpu: {kind.gpu_count} x \"{kind.gpu_name}\" is not in the GPU catalog "
+        shown = printable(kind.gpu_name or "", SHOWN_CHARS).replace('"', '\\"')
+        lines.append(f"    # TODO gpu: {kind.gpu_count} x \"{shown}\" is not in the GPU catalog "
                      "(provisioner/spec/catalog.py); add it or name the model")
     entries: list[str] = []
     hcas = sorted(kind.hcas, key=lambda h: _dev_key(h[0]))
@@ -499,7 +539,7 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
     out += _ofed_lines(ofed_ver, ofed_note, todo)
     fm = sorted({v for n in live for p, v in n.packages.items() if p.startswith("nvidia-fabricmanager")})
     if fm:
-        out.append(f"  # nvidia-fabricmanager installed: {', '.join(fm)}")
+        out.append(f"  # nvidia-fabricmanager installed: {printable(', '.join(fm), 160)}")
     out += ["", "# TODO repositories: not discovered (the nodes' apt sources are not read). Name your mirrors and",
             "# set offline: true for an air-gapped site.", "repositories: {offline: false}", "", "profiles:"]
     todo.append("repositories: name the package mirrors")
@@ -515,19 +555,7 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
                 out.append(f'  - {{name: "{hostlist.compress(names)}", address: "{hostlist.compress(addrs)}", '
                            f"profile: {name}{role_text}}}")
     out.append("# TODO roles: only subnet managers are discovered; mark login, nfs_server, storage, management nodes")
-    unread: dict[tuple[str, str], list[str]] = defaultdict(list)
-    for n in live:
-        for what, note in (("GPU", n.gpu_note), ("HCA", n.hca_note)):
-            if note:
-                unread[(what, note)].append(n.name or n.host)
-    for (what, note), names in unread.items():
-        folded = hostlist.compress(names)
-        out.append(f"# no {what} read on {folded} ({note}): {what}s there, if any, are not in the draft")
-        if what == "HCA":
-            todo.append(f"HCAs not read on {folded}")
-    if skipped:
-        out.append("# not probed (left out of the draft):")
-        out += [f"#   {s}" for s in skipped]
+    out += _unread_lines(live, skipped, todo)
     switches, cabling = _switch_lines(fabric, set(by_name), todo)
     out += ["", *switches, "", "fabric:", f"  type: {fabric_type}", f"  rate: {_rate_text(fabric_rate)}"]
     kind_text = "rail_optimized" if _multi_rail(fabric) else "fat_tree"
@@ -541,6 +569,35 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
         todo.append("fabric.roce: PFC/ECN settings are a placeholder")
     out += ["", "# TODO partitions, storage (NFS, Lustre) and verify thresholds are not discovered."]
     return Draft("\n".join(out) + "\n", todo, len(live), len(fabric.switches), len(fabric.cables), skipped)
+
+
+def _unread_lines(live: Sequence[NodeFacts], skipped: Sequence[str], todo: list[str]) -> list[str]:
+    """Comments for what was not read (tools that failed), what a node reported that fits no pattern (FIELDS:
+    shown escaped, never drafted) and the nodes left out; every text in them has been through printable."""
+    out: list[str] = []
+    unread: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for n in live:
+        for what, note in (("GPU", n.gpu_note), ("HCA", n.hca_note)):
+            if note:
+                unread[(what, note)].append(n.name or n.host)
+    for (what, note), names in unread.items():
+        folded = hostlist.compress(names)
+        out.append(f"# no {what} read on {folded} ({note}): {what}s there, if any, are not in the draft")
+        if what == "HCA":
+            todo.append(f"HCAs not read on {folded}")
+    rejected: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for n in live:
+        for what, shown in n.rejected:
+            rejected[(what, shown)].append(n.name or n.host)
+    for (what, shown), names in rejected.items():
+        line = (f"{what} on {hostlist.compress(names)} is not {FIELDS[what][1]}, left out of the draft: "
+                f"{shown}")
+        out.append(f"# TODO {line}")
+        todo.append(line)
+    if skipped:
+        out.append("# not probed (left out of the draft):")
+        out += [f"#   {s}" for s in skipped]
+    return out
 
 
 def _jump_yaml(jump: Mapping[str, Any] | None) -> str:
@@ -759,7 +816,7 @@ def discover(remote: Remote, hosts: Mapping[str, SshTarget], *, cluster_name: st
         try:
             fabric = read_fabric(done.stdout, n.name or n.host, {g: (str(a), d) for g, (a, d) in owner.items()})
         except ParseError as exc:
-            fabric.note = f"ibnetdiscover on {n.host}: {exc}"
+            fabric.note = f"ibnetdiscover on {n.host}: {_short(str(exc))}"
             continue
         break
     return draft_spec(nodes, fabric, cluster_name=cluster_name, ssh=ssh)

@@ -23,7 +23,11 @@ from pydantic import (
 from provisioner.spec.reserved import ReservedName, why_reserved
 
 # --- constrained strings ---------------------------------------------------------------------------------------
-HostName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")]
+#: The patterns other modules check values against before they become spec text (discover's draft).
+HOST_NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+DEVICE_NAME_PATTERN = r"^[A-Za-z0-9_]{1,32}$"
+VERSION_PATTERN = r"^[0-9][0-9A-Za-z.+~-]{0,63}$"
+HostName = Annotated[str, StringConstraints(pattern=HOST_NAME_PATTERN)]
 HostlistExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9\[\],._-]*$", max_length=512)]
 ClusterName = Annotated[str, StringConstraints(pattern=r"^[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?$")]
 ProfileName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_-]{1,40}$")]
@@ -33,7 +37,7 @@ NetDevExpr = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:\[\],-]{1,
 NcclName = Annotated[str, StringConstraints(pattern=r"^NCCL_[A-Z0-9_]{1,60}$")]
 NcclValue = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.,:=^+-]{1,256}$")]
 Cidr = Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}(\.[0-9]{1,3}){3}/[0-9]{1,2}$")]
-DeviceName = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]
+DeviceName = Annotated[str, StringConstraints(pattern=DEVICE_NAME_PATTERN)]
 IpoibName = Annotated[str, StringConstraints(pattern=r"^[a-z][a-z0-9_-]{0,31}$")]
 UnixUser = Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_-]{0,31}$")]
 def _no_parent_dir(value: str) -> str:
@@ -46,7 +50,7 @@ def _no_parent_dir(value: str) -> str:
 NodeSafe = AfterValidator(_no_parent_dir)
 LocalPath = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9._/~@+-]+$", max_length=1024)]
 AbsPath = Annotated[str, StringConstraints(pattern=r"^/[A-Za-z0-9._/@+-]*$", max_length=1024), NodeSafe]
-Version = Annotated[str, StringConstraints(pattern=r"^[0-9][0-9A-Za-z.+~-]{0,63}$")]
+Version = Annotated[str, StringConstraints(pattern=VERSION_PATTERN)]
 Url = Annotated[
     str, StringConstraints(pattern=r"^(https?://[A-Za-z0-9.-]+(:[0-9]{1,5})?|file://)(/[A-Za-z0-9._~/%+-]*)?$"),
     NodeSafe,

@@ -48,8 +48,10 @@ def _ibstat(node: dict[str, Any]) -> str:
 class LabRemote:
     """Answers the probe and ibnetdiscover from a lab state directory, like the lab's containers would."""
 
-    def __init__(self, lab: Path, down: Sequence[str] = ()) -> None:
+    def __init__(self, lab: Path, down: Sequence[str] = (),
+                 answers: Mapping[str, Mapping[str, tuple[int, str]]] | None = None) -> None:
         self.lab, self.down = lab, set(down)
+        self.answers = answers or {}  # {host: {section: (rc, output)}}: what a node says instead
         self.commands: list[tuple[str, tuple[str, ...]]] = []
 
     def _tool(self, host: str, *argv: str) -> tuple[int, str]:
@@ -79,6 +81,8 @@ class LabRemote:
                    ("sminfo", 127, "sh: 1: sminfo: not found\n"),
                    ("packages", 0, "libnccl2\t2.21.5-1+cuda12.4\tinstall ok installed\n"
                                    "cuda-toolkit-12-4\t12.4.1-1\tinstall ok installed\n")]
+        instead = self.answers.get(host, {})
+        answers = [(name, *instead.get(name, (rc, out))) for name, rc, out in answers]
         text = "".join(f"@@provision-discover@@ {name}\n{out}@@provision-discover@@ rc {rc}\n"
                        for name, rc, out in answers)
         return Completed(0, text, "")
@@ -119,8 +123,9 @@ def hardware(c: Cluster) -> dict[str, Any]:
     }
 
 
-def _draft(lab: Path, cluster: Cluster, down: Sequence[str] = ()) -> tuple[Any, LabRemote]:
-    remote = LabRemote(lab, down)
+def _draft(lab: Path, cluster: Cluster, down: Sequence[str] = (),
+           answers: Mapping[str, Mapping[str, tuple[int, str]]] | None = None) -> tuple[Any, LabRemote]:
+    remote = LabRemote(lab, down, answers)
     hosts = targets("gpu[01-03],sm[1-2]", "10.213.38.[11-13],10.213.38.[21-22]", user="root", port=22, key=None,
                     known_hosts=lab / "known_hosts")
     return discover(remote, hosts, cluster_name="lab", ssh={"user": "root", "known_hosts": "known_hosts", "port": 22}
