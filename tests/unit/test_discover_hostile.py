@@ -95,3 +95,14 @@ def test_discover_prints_and_writes_no_control_sequence(lab: tuple[Path, Cluster
     assert set(yaml.safe_load(text)) == KEYS
     assert "NVIDIA-SMI has failed \\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07" in text
     assert "TODO: HCAs not read on gpu03" in printed.err
+
+
+def test_an_hca_name_with_yaml_syntax_is_left_out(lab: tuple[Path, Cluster]) -> None:
+    """Failed on the old code: the device name went unquoted into the profile's hcas list and the cabling."""
+    node = base.labstate.load_node(str(lab[0] / "root"), "gpu01")
+    ibstat = base._ibstat(node).replace("CA 'mlx5_1'", "CA 'mlx5_1}, {device: x'")
+    draft, data = _checked(lab, {"gpu01": {"ibstat": (0, ibstat)}})
+    devices = [h["device"] for p in data["profiles"].values() for h in p["hcas"]]
+    assert "x" not in devices and not any("}" in d for d in devices), devices
+    assert any(t.startswith("HCA on gpu01 is not a device name") and "mlx5_1}, {device: x" in t
+               for t in draft.todo), draft.todo
