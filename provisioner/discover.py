@@ -5,7 +5,11 @@ key is not in known_hosts is not probed): its hostname, /etc/os-release, ``nvidi
 (GPU model and count, which HCA sits next to which GPU), ``ibstat`` (HCAs, ports, rates, link layers, GUIDs),
 ``ofed_info -s``, ``sminfo`` and the installed packages. One node with an InfiniBand port also runs
 ``ibnetdiscover``: the switches and every cable from a node port to a switch port, matched to the nodes by the HCAs'
-node GUIDs (so it does not depend on node descriptions), and the switch-to-switch links that give the tiers.
+node GUIDs (so it does not depend on node descriptions), and the switch-to-switch links that give the tiers; the
+same node asks the SA for every subnet manager, master and standby (``saquery SMIR``).
+
+What a node reports is data: a value enters the draft only when it fits its field's pattern (FIELDS), anything
+else is a TODO that shows it through safetext.printable (escaped, one line, cut short).
 
 The draft is plain spec YAML: nodes of one hardware kind share a profile and are folded into hostlists, cabling is
 folded into ranges, and everything a running cluster cannot tell (repositories, roles beyond the SM, partitions,
@@ -31,6 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from provisioner.errors import ParseError, RemoteError, UsageError
+from provisioner.fabric.sm import SmInfo, parse_sminfo_records
 from provisioner.parsers import parse
 from provisioner.parsers.nvidia_query import QUERY, parse_nvidia_smi_query
 from provisioner.remote import Completed, JumpTarget, Remote, SshTarget
@@ -274,6 +279,22 @@ class FabricFacts:
     cables: list[tuple[str, str, str, int]] = field(default_factory=list)  # node, device, switch, switch port
     isl: list[tuple[str, int, str, int]] = field(default_factory=list)  # switch, port, switch, port
     unknown_cas: list[str] = field(default_factory=list)
+    sms: list[SmInfo] = field(default_factory=list)  # every SM the SA knows (saquery SMIR), master first
+    sm_note: str | None = None  # why saquery SMIR gave none
+
+
+def read_sms(remote: Remote, host: str) -> tuple[list[SmInfo], str | None]:
+    """Every subnet manager, master and standby, from ``saquery SMIR`` on ``host``: the SA (the master SM)
+    answers the SMInfoRecord query with its own record and one per other SM it found on the fabric (opensm's
+    osm_sa_sminfo_record.c). ``sminfo`` names only the master, and ``saquery -s`` gives PortInfoRecords without
+    the SM state. Returns the records, or none and why."""
+    done = remote.run(host, ["saquery", "SMIR"], FABRIC_TIMEOUT_S)
+    if done.rc != 0:
+        return [], f"saquery SMIR on {host}: {_short(done.stdout + ' ' + done.stderr) or f'exit {done.rc}'}"
+    try:
+        return parse_sminfo_records(done.stdout), None
+    except ParseError as exc:
+        return [], f"saquery SMIR on {host}: {_short(str(exc))}"
 
 
 _MANAGED_DESC = re.compile(r"^[A-Za-z0-9]+;(?P<name>[^:;]+):")
@@ -505,7 +526,7 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
         while name in prof_name.values():
             name, i = f"{base}-{i}", i + 1
         prof_name[kind] = name
-    sm_nodes = _sm_nodes(live)
+    sm_nodes = _sm_nodes(live, fabric.sms)
     # OS and versions
     os_value, os_note = _uniform({n.name or n.host: n.os for n in live})
     os_name = os_value or "ubuntu-22.04"
@@ -563,7 +584,7 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
     if cabling:
         out += ["    cabling:", *cabling]
     if fabric_type == "infiniband":
-        out += _sm_lines(sm_nodes, live, todo)
+        out += _sm_lines(sm_nodes, live, fabric, todo)
     else:
         out += ["  roce: {pfc_priority: 3, ecn: true}  # TODO not discovered (mlnx_qos, switch settings): check it"]
         todo.append("fabric.roce: PFC/ECN settings are a placeholder")
@@ -631,23 +652,37 @@ def _ofed_lines(value: str | None, note: str, todo: list[str]) -> list[str]:
     return [f"  ofed: {{flavor: inbox}}  # TODO ofed_info -s: {note}; set the flavor and release it came from"]
 
 
-def _sm_nodes(live: Sequence[NodeFacts]) -> dict[str, int]:
-    """``{node: priority}`` of the master SM that sminfo names, when it is one of the nodes (by port GUID)."""
+def _sm_nodes(live: Sequence[NodeFacts], sms: Sequence[SmInfo]) -> dict[str, SmInfo]:
+    """``{node: its SM}`` for the SMs that run on probed nodes (by port GUID): every SM ``saquery SMIR`` listed,
+    else the master that sminfo names."""
     port_owner = {h.port_guid: n.name for n in live for h in n.hcas if h.port_guid}
-    out: dict[str, int] = {}
-    for n in live:
-        if n.sminfo and n.sminfo.get("guid") in port_owner:
-            owner = port_owner[n.sminfo["guid"]]
-            if owner:
-                out[owner] = int(n.sminfo.get("priority") or 0)
+    found = list(sms) or [SmInfo(guid=n.sminfo["guid"], lid=int(n.sminfo.get("lid") or 0),
+                                 priority=int(n.sminfo.get("priority") or 0), state="master")
+                          for n in live if n.sminfo and n.sminfo.get("guid")]
+    out: dict[str, SmInfo] = {}
+    for sm in found:
+        owner = port_owner.get(sm.guid)
+        if owner and owner not in out:
+            out[owner] = sm
     return out
 
 
-def _sm_lines(sm_nodes: Mapping[str, int], live: Sequence[NodeFacts], todo: list[str]) -> list[str]:
+def _sm_lines(sm_nodes: Mapping[str, SmInfo], live: Sequence[NodeFacts], fabric: FabricFacts,
+              todo: list[str]) -> list[str]:
     if sm_nodes:
-        items = ", ".join(f"{{node: {n}, priority: {p}}}" for n, p in sorted(sm_nodes.items()))
-        return ["  subnet_manager:", "    kind: opensm", f"    nodes: [{items}]",
-                "    # the master SM sminfo names; TODO add standby SMs (sminfo shows only the master)"]
+        items = ", ".join(f"{{node: {n}, priority: {sm.priority}}}" for n, sm in sorted(sm_nodes.items()))
+        lines = ["  subnet_manager:", "    kind: opensm", f"    nodes: [{items}]"]
+        if not fabric.sms:
+            return [*lines, "    # the master SM sminfo names; TODO add standby SMs (sminfo shows only the master; "
+                    f"{fabric.sm_note or 'saquery SMIR did not run'})"]
+        ordered = sorted(sm_nodes.items(), key=lambda kv: (kv[1].state != "master", _hl_key(kv[0])))
+        states = ", ".join(f"{sm.state} {n}" for n, sm in ordered)
+        lines.append(f"    # saquery SMIR: {states}")
+        mine = {sm.guid for sm in sm_nodes.values()}
+        others = [f"{sm.state} {sm.guid} (lid {sm.lid})" for sm in fabric.sms if sm.guid not in mine]
+        if others:
+            lines.append(f"    # SMs on no probed node (a switch, a UFM host?): {', '.join(others)}")
+        return lines
     ib = [n for n in live if any(h.link_layer == "infiniband" for h in n.hcas)]
     pick = next((n for n in ib if not n.gpus), ib[0] if ib else live[0])
     todo.append("fabric.subnet_manager: no SM answered sminfo; the draft names one node to fill the key")
@@ -798,17 +833,18 @@ def trust_first(hosts: Mapping[str, SshTarget], expected: Mapping[str, str], *,
 
 def discover(remote: Remote, hosts: Mapping[str, SshTarget], *, cluster_name: str, ssh: Mapping[str, Any],
              progress: Any = None) -> Draft:
-    """Probe every host, run ibnetdiscover on one with an InfiniBand port, and draft the spec."""
+    """Probe every host, run ibnetdiscover and saquery SMIR on one with an InfiniBand port, and draft the spec."""
     say = progress or (lambda _m: None)
     say(f"probing {len(hosts)} node(s)")
     results = remote.run_many({h: ["sh", "-c", PROBE] for h in hosts}, PROBE_TIMEOUT_S)
     nodes = [read_node(h, hosts[h].address, results[h]) for h in hosts]
     fabric = FabricFacts(note="no probed node has an InfiniBand port with a link")
     owner = {h.node_guid: (n.name, h.device) for n in nodes if n.name for h in n.hcas if h.node_guid}
-    for n in nodes:
-        if not any(h.link_layer == "infiniband" and h.state not in (None, "down") for h in n.hcas):
-            continue
+    linked = [n for n in nodes if any(h.link_layer == "infiniband" and h.state not in (None, "down") for h in n.hcas)]
+    asked = None
+    for n in linked:
         say(f"ibnetdiscover on {n.host}")
+        asked = n.host
         done = remote.run(n.host, ["ibnetdiscover"], FABRIC_TIMEOUT_S)
         if done.rc != 0:
             fabric.note = f"ibnetdiscover on {n.host}: {_short(done.stdout + ' ' + done.stderr) or f'exit {done.rc}'}"
@@ -819,4 +855,7 @@ def discover(remote: Remote, hosts: Mapping[str, SshTarget], *, cluster_name: st
             fabric.note = f"ibnetdiscover on {n.host}: {_short(str(exc))}"
             continue
         break
+    if asked is not None:  # the SMs, from the node that answered ibnetdiscover (else the last one asked)
+        say(f"saquery SMIR on {asked}")
+        fabric.sms, fabric.sm_note = read_sms(remote, asked)
     return draft_spec(nodes, fabric, cluster_name=cluster_name, ssh=ssh)

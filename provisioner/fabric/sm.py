@@ -98,7 +98,7 @@ def sminfo_result(rc: int, stdout: str, stderr: str = "") -> SmInfo | None:
 
 
 def parse_sminfo_records(text: str) -> list[SmInfo]:
-    """Every ``SMInfoRecord dump:`` block (``saquery SMIR``; the lab's ``saquery -s``).
+    """Every ``SMInfoRecord dump:`` block (``saquery SMIR``).
 
     Field layout from infiniband-diags ``saquery.c`` (dump_sm_info_record): ``LID``,
     ``GUID``, ``ActCount``, ``Priority``, ``SMState`` as ``name....value`` lines.

@@ -284,9 +284,9 @@ def test_sminfo_and_saquery_parity(fablab: Path) -> None:
     assert [o["state"] for o in outs] == ["master", "standby"], (master, standby)
     real = real_pairs("sminfo")
     assert_same_fields("sminfo", outs, real)
-    # saquery -s gives the same SMInfo the product reads with sminfo; no real saquery capture was found, so
+    # saquery SMIR gives the same SMInfo the product reads with sminfo; no real saquery capture was found, so
     # its records are held to the fields the real sminfo lines give (both become SmInfo).
-    records = fabric_sm.parse_sminfo_records(fab.run_tool(fablab, "gpu02", "saquery", "-s").stdout)
+    records = fabric_sm.parse_sminfo_records(fab.run_tool(fablab, "gpu02", "saquery", "SMIR").stdout)
     assert [r.state for r in records] == ["master", "standby"]
     assert_same_fields("saquery", records, real_pairs("sminfo", parser=_sm_of_a_whole_line))
 

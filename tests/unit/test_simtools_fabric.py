@@ -759,7 +759,7 @@ def test_opensm_election_sweep_and_failover(lab: Path) -> None:
         ), info
 
         def saquery() -> str:
-            return run_tool(lab, "gpu02", "saquery", "-s", PROVISIONER_LAB_SM_STALE_S="5").stdout
+            return run_tool(lab, "gpu02", "saquery", "SMIR", PROVISIONER_LAB_SM_STALE_S="5").stdout
 
         # The loser notices on its next sweep that it is standby.
         assert wait_for(lambda: "SMState...............2" in saquery())

@@ -1,4 +1,4 @@
-"""Simulated subnet manager (``opensm``) and MAD queries (``sminfo``, ``saquery -s``,
+"""Simulated subnet manager (``opensm``) and MAD queries (``sminfo``, ``saquery SMIR``,
 ``iblinkinfo``), stdlib only.
 
 State lives in ``<lab root>/sm/``: one ``<port guid>.json`` heartbeat per running SM,
@@ -979,9 +979,12 @@ def sminfo_main(argv: Sequence[str]) -> int:
 
 
 def saquery_sm_records(sms: list[dict[str, Any]]) -> str:
-    """``saquery -s`` output: one SMInfoRecord dump per SM the SA knows."""
+    """``saquery SMIR`` output: one SMInfoRecord dump per SM the SA knows, as opensm answers the query
+    (osm_sa_sminfo_record.c, osm_smir_rcv_process): the master's own SM first, then every other SM it found
+    (its sm_guid_tbl, by port GUID here); the dump format is saquery.c's dump_sm_info_record."""
     chunks = []
-    for rec in sorted(sms, key=lambda r: int(r.get("lid", 0))):
+    order = sorted(sms, key=lambda r: (r.get("state") != "master", common.guid_int(r["guid"])))
+    for rec in order:
         chunks.append(
             "SMInfoRecord dump:\n\t\tRID\n"
             f"\t\tLID...................{int(rec.get('lid', 0))}\n\t\tSMInfo dump:\n"
@@ -994,10 +997,16 @@ def saquery_sm_records(sms: list[dict[str, Any]]) -> str:
     return "".join(chunks)
 
 
+#: The query names saquery takes for SMInfoRecords (saquery(8): ``SMInfoRecord (SMIR) [lid]``).
+SMIR_NAMES = ("SMIR", "SMInfoRecord")
+
+
 def saquery_main(argv: Sequence[str]) -> int:
+    """``saquery SMIR``: the SMInfoRecords. Real ``saquery -s`` answers PortInfoRecords of the ports with the
+    isSM capability bit (saquery(8)), which the lab does not simulate: it refuses every other query."""
     root = common.lab_root()
-    if "-s" not in argv[1:] and "--sminfo" not in argv[1:]:
-        print("saquery: the lab simulates only -s (SMInfoRecords)", file=sys.stderr)
+    if not any(a in SMIR_NAMES for a in argv[1:]):
+        print("saquery: the lab simulates only the SMInfoRecord query (saquery SMIR)", file=sys.stderr)
         return 1
     sms = _fresh_sms(root)
     masters = [s for s in sms if s.get("state") == "master"]
