@@ -28,3 +28,19 @@ def printable(text: object, limit: int | None = None) -> str:
     if limit is not None and len(one) > limit:
         return one[:max(limit - 1, 0)] + ELLIPSIS
     return one
+
+
+def printable_json(text: str) -> str:
+    """JSON text (``json.dumps(..., ensure_ascii=False)``) with every character that is not printable written as
+    its ``\\uXXXX`` escape: the same JSON value, but no C1 control or bidi override reaches a terminal that shows
+    it (json.dumps escapes only C0). Outside strings JSON holds only printable characters and newlines."""
+    out: list[str] = []
+    for ch in text:
+        if ch.isprintable() or ch == "\n":
+            out.append(ch)
+        elif ord(ch) > 0xFFFF:  # a surrogate pair, as JSON spells it
+            code = ord(ch) - 0x10000
+            out.append(f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}")
+        else:
+            out.append(f"\\u{ord(ch):04x}")
+    return "".join(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from provisioner.report.model import VerifyReport, fraction, version_mismatches
+from provisioner.safetext import printable_json
 
 
 def report_dict(report: VerifyReport) -> dict[str, object]:
@@ -39,5 +40,6 @@ def report_dict(report: VerifyReport) -> dict[str, object]:
 
 
 def to_json(report: VerifyReport) -> str:
-    """JSON text with sorted keys and a trailing newline."""
-    return json.dumps(report_dict(report), sort_keys=True, indent=2, ensure_ascii=False) + "\n"
+    """JSON text with sorted keys and a trailing newline; what nodes reported is in it, so characters that are not
+    printable are escaped (safetext.printable_json): ``provision verify --json`` prints it."""
+    return printable_json(json.dumps(report_dict(report), sort_keys=True, indent=2, ensure_ascii=False)) + "\n"

@@ -7,6 +7,7 @@ node text (verify's findings and could-not-run lines, the spec diagnostics, disc
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -64,3 +65,20 @@ def test_verify_prints_no_control_sequence_a_node_reported(capsys: pytest.Captur
     assert "port state Down\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07 INJECTED line" in printed
     assert "nvidia-smi: \\x1b[2J\\x1b[1;1H\\x9b31mfailed" in printed
     assert not UNSAFE.search(printed), printed
+
+
+def test_verify_json_escapes_what_json_dumps_leaves_raw(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """json.dumps(ensure_ascii=False) escapes C0 only: C1 CSI and bidi overrides went to the terminal with
+    ``verify --json`` (failed on the old code); now they are \\u escapes and the JSON value is unchanged."""
+    now = datetime.now(UTC)
+    message = f"state {C1}Down\u202eevil\U000e0041 ↔ ok"
+    finding = Finding("links", "error", "gpu01", "mlx5_0", 1, "Active", "Down", message, "check the cable")
+    report = VerifyReport("lab", now, now, (CheckResult("links", "gpu01", False, (finding,)),))
+    monkeypatch.setattr(provisioner.verify, "verify", lambda *a, **k: VerifyRun(report, tmp_path))
+    rc = main(["verify", str(ROOT / "examples/lab/cluster.yaml"), "--out", str(tmp_path), "--json"])
+    printed = capsys.readouterr().out
+    assert rc == 1
+    assert not UNSAFE.search(printed) and "\U000e0041" not in printed, printed
+    assert "\\u009b" in printed and "\\u202e" in printed and "↔" in printed
+    assert json.loads(printed)["findings"][0]["message"] == message
