@@ -171,7 +171,7 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
         # findings are dropped anyway), plus the SM/NFS server nodes the fabric and storage checks need
         keep = set(ctx.hosts) | {n.name for n in cluster.nodes if set(n.roles) & set(CRITICAL_ROLES)}
         cluster = subset(cluster, [n.name for n in cluster.nodes if n.name in keep])
-        run = verify(cluster, state_dir=out_dir, progress=lambda m: err.print(f"[verify] {m}", markup=False))
+        run = verify(cluster, state_dir=out_dir, progress=_progress("verify"))
         last["run"] = run
         for node, guids in run.inventory.items():
             if node in ctx.hosts:
@@ -302,7 +302,7 @@ def _rolling(spec: Path, overlay: Path | None, out_dir: Path | None, batch: str 
     with LiveReporter(err) as rep:
         journal = rolling_run(spec, overlay=overlay, state_dir=out_dir, batch=batch, max_wait_s=max_wait,
                               peers=peers, resume=resume, reporter=rep,
-                              progress=lambda m: err.print(f"[rolling] {m}", markup=False))
+                              progress=_progress("rolling"))
     for line in summary_lines(journal):
         err.print(line, markup=False)
     raise typer.Exit(0 if journal.status == "passed" else 1)
@@ -480,7 +480,7 @@ def verify_cmd(
     with run_lock(state_dir_for(cluster.name, out_dir), command="provision verify"):  # not during a run
         run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir, nccl_launcher=nccl_launcher,
                      include_busy=include_busy,
-                     progress=(lambda m: None) if as_json else (lambda m: err.print(f"[verify] {m}", markup=False)))
+                     progress=(lambda m: None) if as_json else _progress("verify"))
     if junit:
         junit.write_text(to_junit(run.report), encoding="utf-8")
     if html:
@@ -587,7 +587,7 @@ def replace_node_cmd(
     with LiveReporter(err) as rep:
         result = replace_node(spec, node, overlay=overlay, state_dir=out_dir, accept_new_host_key=accept_new_host_key,
                               host_key_fingerprint=host_key_fingerprint, peers=peers, reporter=rep,
-                              progress=lambda m: err.print(f"[replace] {m}", markup=False))
+                              progress=_progress("replace"))
     for line in summary_lines(result):
         out.print(line, markup=False)
     raise typer.Exit(result.exit_code)
@@ -616,8 +616,7 @@ def failover_cmd(
     from provisioner.failover import make_failover, summary_lines
     from provisioner.progress import LiveReporter
 
-    def log(m: str) -> None:
-        err.print(f"[failover] {m}", markup=False)
+    log = _progress("failover")
 
     with LiveReporter(err) as rep, interrupt.interruptible():
         fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, reporter=rep,
@@ -789,10 +788,10 @@ def discover_cmd(
     ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port,
            "jump": bastion.model_dump() if bastion else None}
     if fingerprint is not None or fingerprints is not None:
-        trust_first(chosen, expected, progress=lambda m: err.print(f"[discover] {printable(m)}", markup=False))
+        trust_first(chosen, expected, progress=_progress("discover"))
     with SshRemote(chosen) as remote:
         draft = discover(remote, chosen, cluster_name=name, ssh=ssh,
-                         progress=lambda m: err.print(f"[discover] {printable(m)}", markup=False))
+                         progress=_progress("discover"))
     res = load_text(draft.text, str(out_file or "<draft>"))
     _write_or_print(draft.text, out_file)
     for line in draft.skipped:  # what nodes reported, shown safe (safetext)
@@ -854,6 +853,11 @@ def export_slurm_cmd(
             out.print(f"# ==> {name} <==\n{text}", markup=False)
         else:
             _write_or_print(text, out_dir / name)
+
+
+def _progress(tag: str) -> Any:
+    """A progress callback printing ``[tag] message`` on stderr, the message shown safe: it quotes nodes."""
+    return lambda m: err.print(f"[{tag}] {printable(m)}", markup=False)
 
 
 def _write_or_print(text: str, path: Path | None) -> None:

@@ -11,6 +11,7 @@ import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,3 +83,22 @@ def test_verify_json_escapes_what_json_dumps_leaves_raw(capsys: pytest.CaptureFi
     assert not UNSAFE.search(printed) and "\U000e0041" not in printed, printed
     assert "\\u009b" in printed and "\\u202e" in printed and "↔" in printed
     assert json.loads(printed)["findings"][0]["message"] == message
+
+
+def test_progress_lines_show_node_text_escaped(capsys: pytest.CaptureFixture[str], tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """verify's (and rolling's, replace-node's, failover's, discover's) progress lines quote what nodes said.
+    Failed on the old code: the OSC 52 sequence was printed as it came."""
+    now = datetime.now(UTC)
+    report = VerifyReport("lab", now, now, (CheckResult("links", "gpu01", True),))
+
+    def fake_verify(*_a: object, progress: Any = None, **_k: object) -> VerifyRun:
+        progress(f"gpu01: ibstat: {OSC52}")
+        return VerifyRun(report, tmp_path)
+
+    monkeypatch.setattr(provisioner.verify, "verify", fake_verify)
+    rc = main(["verify", str(ROOT / "examples/lab/cluster.yaml"), "--out", str(tmp_path)])
+    err = capsys.readouterr().err
+    assert rc == 0
+    assert "[verify] gpu01: ibstat: \\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07" in err, err
+    assert not UNSAFE.search(err)
