@@ -40,6 +40,7 @@ from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.plan import Batch, Plan
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
+from provisioner.safetext import printable
 from provisioner.slurm.ctl import SlurmCtl, SlurmError, reason_text
 from provisioner.slurm.membership import spec_membership
 from provisioner.spec import hostlist
@@ -154,7 +155,7 @@ def batch_failures(report: VerifyReport, nodes: Sequence[str]) -> list[str]:
         for f in check.findings:
             if f.severity == "error" and (f.node is None or f.node in mine):
                 why.append(f"{f.location()}: {f.message}")
-    return why
+    return [printable(w) for w in why]  # nodes' words, for the journal and the summary
 
 
 def pick_batch_peers(cluster: Cluster, batch: Sequence[str], done: Sequence[str], unhealthy: set[str],

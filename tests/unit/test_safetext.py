@@ -102,3 +102,17 @@ def test_progress_lines_show_node_text_escaped(capsys: pytest.CaptureFixture[str
     assert rc == 0
     assert "[verify] gpu01: ibstat: \\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07" in err, err
     assert not UNSAFE.search(err)
+
+
+def test_a_rolling_batchs_reasons_carry_no_control_sequence() -> None:
+    """The reasons a rolling batch failed go to its journal and the printed summary. Failed on the old code: the
+    finding's message and the could-not-run reason kept their ESC bytes."""
+    from provisioner.rolling import batch_failures
+
+    now = datetime.now(UTC)
+    finding = Finding("links", "error", "gpu01", "mlx5_0", 1, "Active", "Down", f"port Down{OSC52}", "cable")
+    checks = (CheckResult("links", "gpu01", False, (finding,)),
+              CheckResult("nccl", None, False, error=f"mpirun: {CSI}aborted"))
+    why = batch_failures(VerifyReport("lab", now, now, checks), ["gpu01"])
+    assert len(why) == 2 and not any(UNSAFE.search(w) for w in why), why
+    assert "gpu01 mlx5_0/1: port Down\\x1b]52;c;Y3VybCBldmlsIHwgc2g=\\x07" in why
