@@ -2,8 +2,9 @@
 
 examples/lab/cluster.yaml (5 nodes, 2 leaves and a spine) is brought up through the CLI under its own name; the
 GPU nodes get the stand-in driver, NCCL, CUDA and DOCA-OFED packages from the lab's signed repository (pinned as
-the spec pins them) and sm1 starts NVIDIA's opensm, so every source discover reads is live: nvidia-smi, Debian's
-real ibstat on the simulated sysfs, the simulated ibnetdiscover and sminfo, dpkg and ofed_info. Discover then
+the spec pins them) and sm1 and sm2 start NVIDIA's opensm (one master, one standby), so every source discover reads
+is live: nvidia-smi, Debian's real ibstat on the simulated sysfs, the simulated ibnetdiscover, sminfo and saquery
+SMIR, dpkg and ofed_info. Discover then
 reaches the nodes over SSH by their addresses only (names come from the nodes), with the lab's known_hosts; a
 second run with an empty known_hosts must read nothing. About 90 s on 2 loaded cores (most of it apt).
 """
@@ -69,8 +70,10 @@ def lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, dict[s
         assert up.returncode == 0, up.stdout + up.stderr
         overlay = yaml.safe_load(Path(up.stdout.split("overlay ")[1].split()[0]).read_text())
         with ThreadPoolExecutor(max_workers=5) as pool:
-            list(pool.map(_install, [*GPU_NODES, "sm1"]))
-        _sh("sm1", "systemctl start opensmd")
+            list(pool.map(_install, [*GPU_NODES, "sm1", "sm2"]))
+        for host, priority in (("sm1", 15), ("sm2", 14)):  # the spec's priorities (equal ones are SM-PRIORITY-TIE)
+            _sh(host, f"mkdir -p /etc/opensm && echo 'sm_priority {priority}' > /etc/opensm/opensm.conf && "
+                      "systemctl start opensmd")
         yield work, env, overlay
     finally:
         down = _cli("lab", "down", NAME, env=env)
@@ -102,7 +105,10 @@ def test_discovered_spec_equals_the_lab_spec(lab: tuple[Path, dict[str, str], di
     drafted, _ = load_cluster(draft)
     assert {n.name: n.address for n in drafted.nodes} == addresses
     text = draft.read_text()
-    assert "nodes: [{node: sm1, priority: " in text, text  # the master SM sminfo names
+    sms = yaml.safe_load(text)["fabric"]["subnet_manager"]["nodes"]
+    assert sms == [{"node": "sm1", "priority": 15}, {"node": "sm2", "priority": 14}], text  # from saquery SMIR
+    assert "# saquery SMIR: master sm1, standby sm2" in text, text
+    assert sorted(n.name for n in drafted.nodes if "subnet_manager" in n.roles) == ["sm1", "sm2"]
     assert 'ofed: {flavor: doca, version: "2.9.1"}' in text, text  # from ofed_info -s
     assert 'driver: {version: "550.90.07"}  # installed: driver: 550.90.07 on gpu[01-03]' in text, text
     assert 'nccl: "2.21.5"  # installed' in text and 'cuda: "12.4.1"  # installed' in text, text
