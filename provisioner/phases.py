@@ -38,7 +38,6 @@ from provisioner.collection import ContentMissing, require_playbook
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.hostpattern import select_hosts
 from provisioner.runner import PlaybookResult, RunnerError, ansible_state_dir, run_playbook
-from provisioner.runner import PlaybookResult, RunnerError, run_playbook
 from provisioner.safetext import printable
 from provisioner.spec.hostlist import compress
 from provisioner.state import (

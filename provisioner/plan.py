@@ -33,10 +33,10 @@ from typing import Any
 from provisioner.drift import Manifest, ManifestError, matches_pin, node_pins, parse_manifest
 from provisioner.errors import UsageError
 from provisioner.phases import PHASE_NAMES, phase
+from provisioner.safetext import escaped
 from provisioner.slurm.membership import Membership
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
-from provisioner.safetext import escaped
 
 CONVERGE_PHASES = tuple(p for p in PHASE_NAMES if phase(p).playbook)
 SERVICE_ROLES = ("subnet_manager", "nfs_server", "storage")
