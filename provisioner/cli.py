@@ -134,7 +134,7 @@ def rules() -> None:
 def parse_cmd(
     tool: Annotated[str, typer.Argument(help="ibstat, ibstatus, perftest, ibdev2netdev, nvidia-smi-topo, nccl-tests, "
                                         "iblinkinfo, ibnetdiscover, ibqueryerrors, ofed_info, lsmod, opensm-conf, "
-                                        "sminfo.", show_default=False)],
+                                        "sminfo, lspci.", show_default=False)],
     file: Annotated[str, typer.Argument(help="The captured output, or - for standard input.")] = "-",
 ) -> None:
     """Parse a captured tool output and print it as one JSON object (exit 2 if it is not that tool's output)."""

@@ -17,6 +17,7 @@ from provisioner.parsers.ibnetdiscover import parse_ibnetdiscover
 from provisioner.parsers.ibqueryerrors import parse_ibqueryerrors
 from provisioner.parsers.ibstat import parse_ibstat
 from provisioner.parsers.ibstatus import parse_ibstatus
+from provisioner.parsers.lspci import parse_lspci
 from provisioner.parsers.nccl_tests import parse_nccl_tests
 from provisioner.parsers.nvidia_topo import parse_nvidia_smi_topo
 from provisioner.parsers.perftest import parse_perftest
@@ -44,6 +45,7 @@ PARSERS: dict[str, Parser] = {
     "sminfo": parse_sminfo,
     "ibnetdiscover": parse_ibnetdiscover,
     "ibqueryerrors": parse_ibqueryerrors,
+    "lspci": parse_lspci,
 }
 
 __all__ = ["PARSERS", "Parser", "parse"]
