@@ -34,6 +34,7 @@ from provisioner.fabric import (
     links,
     load,
     nccl,
+    pcie,
     reach,
     registry,
     sm_verify,
@@ -298,6 +299,13 @@ class _Verifier:
                 raise ParseError(f"unreachable: {done.stderr.strip()}") from None
             raise
 
+    # -- pcie ------------------------------------------------------------------------------------------------
+    def pcie_check(self) -> None:
+        """One lspci -vvv (and the GPU/HCA names) per GPU node."""
+        nodes = [n.name for n in gpudirect.gpu_nodes(self.cluster)]
+        for node, done in sorted(self.on_all(["sh", "-c", pcie.PROBE_SCRIPT], nodes).items()):
+            self.checks.append(pcie.check_node(node, done))
+
     # -- bandwidth, gpudirect, nccl ----------------------------------------------------------------------
     def numactl(self) -> dict[str, bool]:
         """Which nodes have numactl: asked once, by the first check that runs ib_write_bw."""
@@ -525,6 +533,7 @@ TRAFFIC_CHECKS = ("bandwidth", "gpudirect", "nccl")
 _RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
     "links": lambda v, _mode: v.links(),
     "versions": lambda v, _mode: v.versions_check(),
+    "pcie": lambda v, _mode: v.pcie_check(),
     "sm": lambda v, _mode: v.subnet_manager(),
     "ipoib": lambda v, _mode: v.ipoib_check(),
     "cabling": lambda v, _mode: v.cabling(),

@@ -5,7 +5,9 @@ crawls on every rail of it and NCCL's follow-up names it slow. Judged on their o
 read "port is bad ... reseat or swap the cable and transceiver" for each rail, next to the module error: a technician
 would pull good cables. The same holds for a GPU that fell off the bus (fewer GPUs in ``nvidia-smi topo -m``).
 
-The host-side causes are the node-level errors of the gpudirect check (no device named: the module, the GPU count).
+The host-side causes are the node-level errors of the gpudirect check (no device named: the module, the GPU count)
+and every error of the pcie check on the node (a GPU or HCA trained below its PCIe link, ACS redirecting
+peer-to-peer traffic through the root complex): the GPU path of that node crosses the fault whichever rail runs.
 :func:`fold` rewrites the traffic findings on a node with such a cause to name it, with the cause's own hint and no
 port or cable advice; their severity stays (the measurement did fail), so nothing passes that failed.
 """
@@ -15,20 +17,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from provisioner.fabric import gpudirect
+from provisioner.fabric import gpudirect, pcie
 from provisioner.fabric.findings import CheckResult, Finding
 
 TRAFFIC_RESULTS = (gpudirect.BW_CHECK, "nccl")
 """Results whose findings a host-side cause explains (host-memory bandwidth does not need the GPU path)."""
 
 
+def is_host_cause(f: Finding) -> bool:
+    """An error of the gpudirect check on a node as a whole, or any error of the pcie check on a node."""
+    if f.severity != "error" or not f.node:
+        return False
+    return (f.check == gpudirect.CHECK and f.device is None) or f.check == pcie.CHECK
+
+
 def host_causes(checks: Sequence[CheckResult]) -> dict[str, Finding]:
-    """node -> its first host-side cause: an error of the gpudirect check on the node as a whole."""
+    """node -> its first host-side cause (:func:`is_host_cause`)."""
     causes: dict[str, Finding] = {}
     for check in checks:
         for f in check.findings:
-            if f.check == gpudirect.CHECK and f.severity == "error" and f.node and f.device is None:
-                causes.setdefault(f.node, f)
+            if is_host_cause(f):
+                causes.setdefault(str(f.node), f)
     return causes
 
 

@@ -78,6 +78,17 @@ def _has_infiniband(cluster: Cluster) -> bool:
     return any(p.link_layer == "infiniband" for n in cluster.nodes for p in n.ports)
 
 
+def _has_gpu_nodes(cluster: Cluster) -> bool:
+    from provisioner.fabric import gpudirect
+
+    return bool(gpudirect.gpu_nodes(cluster))
+
+
+def _plans_gpudirect(cluster: Cluster) -> bool:
+    """GPUDirect is verified: then so is the PCIe path it runs over."""
+    return "gpudirect" in cluster.spec.verify.tests
+
+
 def _bandwidth_label(cluster: Cluster, mode: str | None) -> str:
     return f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)"
 
@@ -97,6 +108,11 @@ CHECKS: tuple[Check, ...] = (
     Check("versions", "provisioner.fabric.versions", ("versions",),
           "driver, CUDA, NCCL, OFED, firmware as pinned, alike in peers",
           "versions: driver, CUDA, NCCL, OFED, firmware", with_links=True),
+    Check("pcie", "provisioner.fabric.pcie", ("pcie",),
+          "GPU and HCA links at capable width/speed, no ACS redirect",
+          "pcie: lspci -vvv on every GPU node (link width/speed, ACS between GPUs and HCAs)",
+          needs=_has_gpu_nodes, lacks="the spec plans no GPU compute node with rail ports",
+          planned=_plans_gpudirect),
     Check("sm", "provisioner.fabric.sm_verify", ("subnet_manager",),
           "the spec's master SM is master, every planned SM answers",
           "sm: the spec's master SM is master, every planned SM answers (sminfo)", every_node=False,

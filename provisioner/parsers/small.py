@@ -16,13 +16,23 @@ from provisioner.parsers._opensm_options import UPSTREAM_OPTIONS
 # --- ibdev2netdev ------------------------------------------------------------------------------
 
 _I2N_RE = re.compile(
-    r"^\s*(?:\S+\s+)?(?P<dev>[A-Za-z0-9_]+)\s.*?\bport\s+(?P<port>\d+)\b.*?==>\s*(?P<net>\S+)"
+    r"^\s*(?:(?P<pci>\S+)\s+)?(?P<dev>[A-Za-z0-9_]+)\s.*?\bport\s+(?P<port>\d+)\b.*?==>\s*(?P<net>\S+)"
     r"(?:\s+\((?P<up>Up|Down)\))?"
 )
 
 
+_PCI_RE = re.compile(r"^([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})\.([0-7])$")
+
+
+def _pci_address(raw: str | None) -> str | None:
+    """``-v``'s leading PCI address as ``dddd:bb:dd.f`` (lowercase), else None."""
+    m = _PCI_RE.match(raw or "")
+    return f"{int(m.group(1), 16):04x}:{m.group(2)}:{m.group(3)}.{m.group(4)}".lower() if m else None
+
+
 def parse_ibdev2netdev(text: str) -> dict[str, Any]:
-    """Parse ``ibdev2netdev`` (plain or ``-v``). ``netdev_up`` is the netdev's state, not the IB port's."""
+    """Parse ``ibdev2netdev`` (plain or ``-v``). ``netdev_up`` is the netdev's state, not the IB port's; ``pci`` is
+    the device's PCI address, which only ``-v`` prints (null otherwise)."""
     require_text("ibdev2netdev", text)
     mappings: list[dict[str, Any]] = []
     warnings: list[str] = []
@@ -38,6 +48,7 @@ def parse_ibdev2netdev(text: str) -> dict[str, Any]:
                 "port": int(m.group("port")),
                 "netdev": None if netdev in ("N/A", "NA") else netdev,
                 "netdev_up": None if up is None else up == "Up",
+                "pci": _pci_address(m.group("pci")),
             }
         )
     if not mappings:

@@ -452,7 +452,7 @@ class NcclCheck(Strict):
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
 
 
-TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling"]
+TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling", "pcie"]
 
 
 class Verify(Strict):

@@ -50,3 +50,21 @@ def test_a_gpu_off_the_bus_is_a_host_side_cause_too_and_a_topology_warning_is_no
     checks = [CheckResult.from_findings(gpudirect.CHECK, node, [lost]),
               CheckResult.from_findings(gpudirect.CHECK, "gpu01", [pairing])]
     assert causes.host_causes(checks) == {node: lost}
+
+
+def test_a_pcie_error_of_a_node_folds_its_gpudirect_and_nccl_findings_but_not_host_bandwidth() -> None:
+    from provisioner.fabric import pcie
+
+    down = Finding(pcie.CHECK, "error", "gpu03", "mlx5_1", None, "x16 32GT/s", "x8 32GT/s",
+                   "gpu03: mlx5_1 (0000:2a:00.0, ...) trained at PCIe x8 32GT/s, capable of x16 32GT/s",
+                   pcie.DOWNTRAINED_HINT)
+    run = peermem_missing_run()
+    checks = [CheckResult.from_findings(pcie.CHECK, "gpu03", [down]), *run[1:]]
+    assert causes.host_causes(checks) == {"gpu03": down}
+    _, gdr, nccl, pairwise = causes.fold(checks)
+    for f in [*gdr.findings, *nccl.findings]:
+        assert "host-side cause, not a port or cable: gpu03: mlx5_1" in f.message, f.message
+        assert "reseat the card" in f.hint and "cable and transceiver" not in f.hint
+    assert pairwise == run[3]
+    could_not = CheckResult.could_not_run(pcie.CHECK, "gpu03", "lspci: command not found")
+    assert causes.host_causes([could_not, *run[1:]]) == {}  # no measurement, no cause

@@ -136,13 +136,13 @@ def test_iblinkinfo_hdr_lane_speed_maps_to_200() -> None:
 def test_ibdev2netdev_plain_and_column_t() -> None:
     plain = parse("ibdev2netdev", load("ibdev2netdev", "daocloud_roce_up.txt"))
     assert plain["mappings"] == [
-        {"device": "mlx5_0", "port": 1, "netdev": "enp4s0f0np0", "netdev_up": True},
-        {"device": "mlx5_1", "port": 1, "netdev": "enp4s0f1np1", "netdev_up": True},
+        {"device": "mlx5_0", "port": 1, "netdev": "enp4s0f0np0", "netdev_up": True, "pci": None},
+        {"device": "mlx5_1", "port": 1, "netdev": "enp4s0f1np1", "netdev_up": True, "pci": None},
     ]
     wide = parse("ibdev2netdev", load("ibdev2netdev", "imbue_h100_column_t.txt"))
     assert len(wide["mappings"]) == 12
     by_dev = {m["device"]: m for m in wide["mappings"]}
-    assert by_dev["mlx5_0"] == {"device": "mlx5_0", "port": 1, "netdev": "ibp26s0", "netdev_up": False}
+    assert by_dev["mlx5_0"] == {"device": "mlx5_0", "port": 1, "netdev": "ibp26s0", "netdev_up": False, "pci": None}
     assert by_dev["mlx5_7"]["netdev_up"] is True
 
 
@@ -159,8 +159,8 @@ def test_ibdev2netdev_down_netdev_matches_the_down_ibstatus_port() -> None:
 def test_ibdev2netdev_verbose_form() -> None:
     out = parse("ibdev2netdev", load("ibdev2netdev", "openshift_docs_verbose_bf3.txt"))
     assert out["mappings"] == [
-        {"device": "mlx5_0", "port": 1, "netdev": "ibs2f0", "netdev_up": True},
-        {"device": "mlx5_1", "port": 1, "netdev": "ens8f0np0", "netdev_up": True},
+        {"device": "mlx5_0", "port": 1, "netdev": "ibs2f0", "netdev_up": True, "pci": "0000:0d:00.0"},
+        {"device": "mlx5_1", "port": 1, "netdev": "ens8f0np0", "netdev_up": True, "pci": "0000:a0:00.0"},
     ]
 
 
@@ -286,7 +286,8 @@ def test_ibdev2netdev_two_ports_of_one_device_stay_apart() -> None:
 def test_ibdev2netdev_vfs_keep_their_netdev_names() -> None:
     out = parse("ibdev2netdev", load("ibdev2netdev", "openshift_sriov635_vfs_excerpt.txt"))
     assert len(out["mappings"]) == 16
-    assert out["mappings"][0] == {"device": "mlx5_19", "port": 1, "netdev": "ibp75s0v7", "netdev_up": False}
+    assert out["mappings"][0] == {"device": "mlx5_19", "port": 1, "netdev": "ibp75s0v7", "netdev_up": False,
+                                  "pci": None}
     assert [m["device"] for m in out["mappings"] if m["netdev_up"]] == ["mlx5_2", "mlx5_4", "mlx5_6"]
 
 

@@ -21,7 +21,7 @@ from tests.unit import test_verify_orchestrator as orch
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
-EVERY = ["links", "versions", "sm", "ipoib", "cabling", "bandwidth", "gpudirect", "nccl", "storage"]
+EVERY = ["links", "versions", "pcie", "sm", "ipoib", "cabling", "bandwidth", "gpudirect", "nccl", "storage"]
 
 
 def test_every_check_has_one_entry_a_step_and_its_module() -> None:
@@ -114,16 +114,17 @@ def test_cli_help_lists_every_check_with_its_help(capsys: pytest.CaptureFixture[
 
 @pytest.mark.parametrize(("example", "want"), [
     ("a100-10gbe-2node.yaml", ["nccl"]),  # the spec lists nccl only: nothing goes with it
-    ("a100-hdr-4node.yaml", ["links", "versions", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
-    ("h100-ndr-64node-3tier.yaml", ["links", "versions", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
+    ("a100-hdr-4node.yaml", ["links", "versions", "pcie", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
+    ("h100-ndr-64node-3tier.yaml", ["links", "versions", "pcie", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
     ("h100-ndr-8node-2hca.yaml", EVERY),
     ("h100-ndr-8node.yaml", EVERY),
     # no iblinkinfo on RoCE, and no subnet manager: sm no longer goes with links there (it ran and reported nothing)
-    ("roce-200g-4node.yaml", ["links", "versions", "bandwidth", "gpudirect", "nccl"]),
+    ("roce-200g-4node.yaml", ["links", "versions", "pcie", "bandwidth", "gpudirect", "nccl"]),
     ("lab/cluster.yaml", EVERY),
 ])
 def test_default_set_per_example_spec(example: str, want: list[str]) -> None:
-    """The sets select_tests gave before the registry (recorded from it), now in run order; on RoCE without sm."""
+    """The sets select_tests gave before the registry (recorded from it), now in run order; on RoCE without sm;
+    pcie goes with gpudirect (the path GPUDirect runs over)."""
     cluster, _ = load_cluster(EXAMPLES / example, None)
     assert verify.select_tests(cluster, None) == registry.default_for(cluster) == want
 
