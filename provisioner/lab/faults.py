@@ -39,7 +39,7 @@ Runner = Callable[[list[str]], None]
 
 PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", "slow_link", "flapping")
 NODE_FAULTS = ("gpu_missing", "ecc_error", "peermem_missing", "unreachable", "sm_killed", "hardware_swap",
-               "ipoib_down", "ipoib_wrong_address", "nccl_slow")
+               "ipoib_down", "ipoib_wrong_address", "nccl_slow", "pcie_degraded", "acs_enabled")
 FABRIC_FAULTS = ("cables_swapped",)
 SWITCH_FAULTS = ("uplink_down", "uplink_degraded", "switch_down")
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS + SWITCH_FAULTS
@@ -185,6 +185,13 @@ def apply_fault(
             raise LabError(f"nccl_slow factor must be in (0, 1], not {factor:g}")
         record.update({"factor": factor, "saved": {"nccl_factor": node.get("nccl_factor")}})
         node["nccl_factor"] = factor
+    elif kind == "pcie_degraded":
+        record.update(_pcie_degrade(node, host, params))
+    elif kind == "acs_enabled":
+        # the PCIe switch ports between each GPU and its HCAs redirect peer-to-peer traffic (the lab's lspci shows
+        # ACSCtl ReqRedir+ CmpltRedir+ on them): a PLX/Broadcom switch's power-on default when nothing disables it
+        record["saved"] = {"pcie_acs": node.get("pcie_acs")}
+        node["pcie_acs"] = True
     elif kind == "peermem_missing":
         module = str(params.get("module", "nvidia_peermem"))
         record["module"] = module
@@ -224,6 +231,38 @@ def apply_fault(
             raise LabError(f"{host}: fault {kind} is already injected there", hint="clear it first")
     node.setdefault("faults", []).append(record)
     return record, commands
+
+
+def _pcie_targets(node: dict[str, Any], host: str, device: str) -> list[dict[str, Any]]:
+    """The node.json records of ``device``: ``gpuN`` is GPU N, anything else an HCA (each of its ports)."""
+    if (m := re.fullmatch(r"gpu(\d+)", device)) is not None:
+        gpus = [g for g in node.get("gpus", []) if int(g.get("index", -1)) == int(m.group(1))]
+        if not gpus:
+            raise LabError(f"{host} has no GPU {m.group(1)}")
+        return gpus
+    hcas = [h for h in node.get("hcas", []) if h.get("device") == device]
+    if not hcas:
+        raise LabError(f"{host} has no HCA {device}", hint="device=<mlx5_N|gpuN>")
+    return hcas
+
+
+def _pcie_degrade(node: dict[str, Any], host: str, params: dict[str, Any]) -> dict[str, Any]:
+    """pcie_degraded: the GPU's or HCA's PCIe link trained at ``width`` lanes and/or ``speed`` GT/s below the x16
+    32GT/s it is capable of (the lab's lspci prints it ``(downgraded)``)."""
+    device = str(params.get("device") or "")
+    if not device:
+        raise LabError("pcie_degraded needs device=<mlx5_N|gpuN>")
+    if params.get("width") is None and params.get("speed") is None:
+        raise LabError("pcie_degraded needs width=<lanes> or speed=<GT/s>", hint="e.g. width=8")
+    targets = _pcie_targets(node, host, device)
+    saved = [{k: t.get(k) for k in ("pcie_width", "pcie_speed")} for t in targets]
+    for t in targets:
+        if params.get("width") is not None:
+            t["pcie_width"] = int(params["width"])
+        if params.get("speed") is not None:
+            t["pcie_speed"] = str(params["speed"])
+    return {"device": device, **{k: params[k] for k in ("width", "speed") if params.get(k) is not None},
+            "saved": saved}
 
 
 _NETDEV_RE = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
@@ -300,6 +339,17 @@ def revert_fault(
         node["gpus"][int(record["index"])]["present"] = True
     elif kind == "ecc_error":
         node["gpus"][int(record["index"])]["ecc_uncorrected_volatile"] = record["saved"]["ecc_uncorrected_volatile"]
+    elif kind == "pcie_degraded":
+        for target, saved in zip(_pcie_targets(node, str(node["hostname"]), str(record["device"])),
+                                 record["saved"], strict=False):
+            for key, value in saved.items():
+                target.pop(key, None)
+                if value is not None:
+                    target[key] = value
+    elif kind == "acs_enabled":
+        node.pop("pcie_acs", None)
+        if record["saved"]["pcie_acs"] is not None:
+            node["pcie_acs"] = record["saved"]["pcie_acs"]
     elif kind == "nccl_slow":
         node.pop("nccl_factor", None)
         if record["saved"]["nccl_factor"] is not None:
@@ -592,6 +642,9 @@ _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?$")
 _MODULE_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _UNIT_RE = re.compile(r"^[A-Za-z0-9@._-]{1,128}$")
 _PORT_PARAMS = {"device": "device", "port": "int"}
+PCIE_WIDTHS = ("1", "2", "4", "8", "16")
+PCIE_SPEEDS = ("2.5", "5", "8", "16", "32")
+"""What a pcie_degraded link may train at: lanes, and GT/s of PCIe 1.0 to 5.0."""
 PARAMS: dict[str, dict[str, str]] = {
     "port_down": _PORT_PARAMS,
     "port_disabled": _PORT_PARAMS,
@@ -603,6 +656,8 @@ PARAMS: dict[str, dict[str, str]] = {
     "ecc_error": {"index": "int", "count": "int"},
     "peermem_missing": {"module": "module"},
     "nccl_slow": {"factor": "factor"},
+    "pcie_degraded": {"device": "device", "width": "pcie_width", "speed": "pcie_speed"},
+    "acs_enabled": {},
     "unreachable": {"method": "method"},
     "sm_killed": {"unit": "unit"},
     "hardware_swap": {},
@@ -641,7 +696,8 @@ def _value(kind: str, value: object) -> object:
             raise ValueError("a number in (0, 1]")
         return number
     choices: dict[str, tuple[str, ...]] = {
-        "width": tuple(labstate.WIDTH_LANES), "speed": tuple(labstate.LANE_GBPS), "method": ("pause", "sshd")}
+        "width": tuple(labstate.WIDTH_LANES), "speed": tuple(labstate.LANE_GBPS), "method": ("pause", "sshd"),
+        "pcie_width": PCIE_WIDTHS, "pcie_speed": PCIE_SPEEDS}
     if kind in choices:
         if str(value) not in choices[kind]:
             raise ValueError("one of " + ", ".join(choices[kind]))

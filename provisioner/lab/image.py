@@ -63,6 +63,8 @@ LAB_MODULES = ("labstate.py", "labkernel.py", "fabsim_common.py", "fabsim_fabric
 """Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
 MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors")
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
+HARDWARE_TOOLS = ("lspci",)
+"""Tools that read the simulated PCI hardware (node.json); they shadow Debian's pciutils."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -183,7 +185,7 @@ def lab_files() -> dict[str, tuple[bytes, int]]:
     files["/usr/local/sbin/dkms"] = ((_PACKAGE_DIR / "nodetools" / "dkms_sim.py").read_bytes(), 0o755)
     for module in LAB_MODULES:
         files[f"{LAB_LIB_DIR}/{module}"] = ((simtools / module).read_bytes(), 0o644)
-    for tool in MAD_TOOLS:
+    for tool in MAD_TOOLS + HARDWARE_TOOLS:
         files[f"/usr/local/sbin/{tool}"] = ((simtools / tool).read_bytes(), 0o755)
     return files
 

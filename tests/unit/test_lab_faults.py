@@ -198,3 +198,70 @@ def test_hardware_swap_new_guids_everywhere_and_new_host_keys(lab: str) -> None:
     assert "ssh-keygen -A" in run.calls[0][-1]
     faults.clear(lab, "gpu01", runner=run)  # forgets the record, keeps the new board
     assert labstate.load_node(lab, "gpu01")["hcas"][0]["node_guid"] == new
+
+
+def _pcie(lab: str, host: str):  # type: ignore[no-untyped-def]
+    """The pcie check on ``host`` as verify runs it: the lab's lspci, nvidia-smi and ibdev2netdev -v."""
+    import os
+    import subprocess
+    import sys
+
+    from provisioner.fabric import pcie
+    from provisioner.remote import Completed
+
+    tools = Path(faults.__file__).resolve().parent / "simtools"
+    sysroot = Path(lab) / "sysroot"  # the stand-in driver installed: nvidia-smi answers
+    (sysroot / "usr/lib/provisioner-lab").mkdir(parents=True, exist_ok=True)
+    (sysroot / "usr/lib/provisioner-lab/nvidia-driver.version").write_text('{"version": "550.90.07", "cuda": "12.4"}')
+    labstate.save_modules(lab, host, sorted({*labstate.load_modules(lab, host), "nvidia"}))
+    env = {**os.environ, "PROVISIONER_LAB_ROOT": lab, "PROVISIONER_LAB_HOST": host,
+           "PROVISIONER_LAB_SYSROOT": str(sysroot)}
+
+    def out(tool: str, *args: str) -> str:
+        return subprocess.run([sys.executable, str(tools / tool), *args], capture_output=True, text=True, env=env,
+                              check=True).stdout
+
+    names = out("nvidia-smi", "--query-gpu=index,pci.bus_id", "--format=csv,noheader") + out("ibdev2netdev", "-v")
+    return pcie.check_node(host, Completed(0, out("lspci", "-D", "-nn", "-vvv") + pcie.NAMES_MARK + "\n" + names,
+                                           ""))
+
+
+def test_pcie_degraded_names_the_hca_and_clears(lab: str) -> None:
+    assert _pcie(lab, "gpu02").passed  # every simulated link at x16 32GT/s, ACS only on the root ports
+    faults.inject(lab, "gpu02", "pcie_degraded", **faults.check_params("pcie_degraded",
+                                                                      {"device": "mlx5_1", "width": "8"}))
+    (f,) = _pcie(lab, "gpu02").findings
+    assert (f.node, f.device, f.expected, f.observed) == ("gpu02", "mlx5_1", "x16 32GT/s", "x8 32GT/s")
+    assert _pcie(lab, "gpu01").passed
+    faults.inject(lab, "gpu02", "pcie_degraded", device="gpu3", speed="16")
+    assert {f.device for f in _pcie(lab, "gpu02").findings} == {"mlx5_1", "gpu3"}
+    assert len(faults.clear(lab, "gpu02", "pcie_degraded")) == 2
+    assert _pcie(lab, "gpu02").passed
+
+
+def test_acs_enabled_names_the_switch_ports_and_clears(lab: str) -> None:
+    faults.inject(lab, "gpu01", "acs_enabled")
+    found = _pcie(lab, "gpu01").findings
+    assert found and all(f.check == "pcie" and f.node == "gpu01" and "ACS redirect on" in f.message for f in found)
+    assert {f.message.split(" between ")[1].split(" has ")[0] for f in found} == {"gpu0–mlx5_0", "gpu4–mlx5_1"}
+    faults.clear(lab, "gpu01", "acs_enabled")
+    assert _pcie(lab, "gpu01").passed and "pcie_acs" not in labstate.load_node(lab, "gpu01")
+
+
+@pytest.mark.parametrize(("params", "message"), [
+    ({"device": "mlx5_1", "width": "3"}, "width='3' is not one of 1, 2, 4, 8, 16"),
+    ({"width": "8"}, "pcie_degraded needs device"),
+    ({"device": "mlx5_1", "speed": "64"}, "speed='64' is not one of"),
+])
+def test_pcie_degraded_params_are_checked(params: dict[str, str], message: str) -> None:
+    with pytest.raises(LabError, match=message):
+        faults.check_params("pcie_degraded", params)
+
+
+def test_pcie_degraded_needs_a_device_the_node_has_and_a_width_or_speed(lab: str) -> None:
+    with pytest.raises(LabError, match="has no GPU 9"):
+        faults.inject(lab, "gpu01", "pcie_degraded", device="gpu9", width=8)
+    with pytest.raises(LabError, match="has no HCA mlx5_7"):
+        faults.inject(lab, "gpu01", "pcie_degraded", device="mlx5_7", width=8)
+    with pytest.raises(LabError, match="width=<lanes> or speed"):
+        faults.inject(lab, "gpu01", "pcie_degraded", device="mlx5_0")

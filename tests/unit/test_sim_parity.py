@@ -160,6 +160,17 @@ def test_ibdev2netdev_parity(hostlab: Path) -> None:
     assert_same_fields("ibdev2netdev", outs, real_pairs("ibdev2netdev"))
 
 
+def test_lspci_parity(hostlab: Path) -> None:
+    outs = [parse("lspci", host.run(hostlab, "lspci", "-D", "-nn", "-vvv").stdout)]
+    node = host._node()
+    node["pcie_acs"] = True
+    node["hcas"][1].update(pcie_width=8, pcie_speed="16")
+    (hostlab / "root/nodes/gpu01/node.json").write_text(json.dumps(node))
+    outs.append(parse("lspci", host.run(hostlab, "lspci", "-D", "-nn", "-vvv").stdout))
+    assert len(outs[0]["devices"]) == 8 * 6  # per GPU: root port, switch up and two down ports, GPU, HCA
+    assert_same_fields("lspci", outs, real_pairs("lspci"))
+
+
 def test_lsmod_parity(tmp_path: Path) -> None:
     link = tmp_path / "lsmod"
     link.symlink_to(Path(kmod_sim.__file__))

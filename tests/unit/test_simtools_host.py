@@ -190,5 +190,6 @@ def test_outputs_parse_with_project_parsers(lab: Path) -> None:
         assert ofed["version"] == "24.10-1.1.4.0" and ofed["family"] == "doca_ofed"
     for args in ((), ("-v",)):
         maps = parse("ibdev2netdev", run(lab, "ibdev2netdev", *args).stdout)["mappings"]
-        assert maps[0] == {"device": "mlx5_0", "port": 1, "netdev": "ibp23s0", "netdev_up": True}
+        assert maps[0] == {"device": "mlx5_0", "port": 1, "netdev": "ibp23s0", "netdev_up": True,
+                           "pci": "0000:17:00.0" if args else None}
         assert len(maps) == 8
