@@ -39,8 +39,9 @@ GPU_CLASSES = ("0302", "0300")
 HCA_CLASSES = ("0207", "0200")
 DOWNTRAINED_HINT = ("host-side, not a cable: reseat the card, check the riser and the slot (and that the slot is "
                     "wired x16), and the BIOS PCIe settings (link speed, bifurcation); then lspci -vvv again")
-ACS_HINT = ("host-side, not a cable: disable ACS on these bridges as NVIDIA documents (BIOS: disable ACS / IO "
-            "virtualization, or at every boot: setpci -s <bridge> ECAP_ACS+0x6.w=0000, e.g. from a systemd unit)")
+ACS_HINT = ("host-side, not a cable: disable ACS on the bridges between GPUs and HCAs as NVIDIA documents (BIOS: "
+            "disable ACS / IO virtualization, or at every boot: setpci -s {bdf} ECAP_ACS+0x6.w=0000, e.g. the "
+            "nvidia_peermem role's nvidia_peermem_pcie_acs_disable)")
 _GPU_LINE_RE = re.compile(r"^\s*(?P<index>\d+),\s*(?P<addr>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7])\s*$")
 
 
@@ -165,11 +166,11 @@ def acs_findings(node: str, devices: list[dict[str, Any]], names: Mapping[str, s
             f"{node}: PCIe bridge {bdf} ({bridge['name']}) between {', '.join(sorted(pairs))} has ACS redirect on "
             f"({flags}): GPUDirect peer-to-peer traffic goes through the CPU root complex (about half the bandwidth, "
             "or a hang)",
-            ACS_HINT))
+            ACS_HINT.format(bdf=bdf)))
     return found
 
 
-def _unreadable(done: Completed, text: str) -> str | None:
+def _unreadable(done: Completed) -> str | None:
     """Why the probe gave nothing to judge, or None."""
     if done.unreachable:
         return done.stderr.strip() or "unreachable"
@@ -183,7 +184,7 @@ def _unreadable(done: Completed, text: str) -> str | None:
 def check_node(node: str, done: Completed) -> CheckResult:
     """The ``pcie`` result of one GPU node from its :data:`PROBE_SCRIPT` output."""
     lspci_text, names_text = split_probe(done.stdout)
-    why = _unreadable(done, lspci_text)
+    why = _unreadable(done)
     if why is not None:
         return CheckResult.could_not_run(CHECK, node, why)
     try:

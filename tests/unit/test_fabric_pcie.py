@@ -74,7 +74,7 @@ def test_acs_redirect_on_the_switch_ports_between_gpu_and_hca_fails_naming_each_
     assert [f.device for f in result.findings] == ["0000:19:00.0", "0000:19:01.0"]
     f = result.findings[0]
     assert f.node == "gpu03" and "gpu0–mlx5_1" in f.message and "ReqRedir+ CmpltRedir+" in f.message
-    assert "setpci" in f.hint and "ECAP_ACS+0x6.w=0000" in f.hint and "BIOS" in f.hint
+    assert "setpci -s 0000:19:00.0 ECAP_ACS+0x6.w=0000" in f.hint and "BIOS" in f.hint
 
 
 def test_a_gpu_without_names_is_named_by_its_address() -> None:
