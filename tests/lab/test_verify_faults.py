@@ -211,7 +211,7 @@ def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
     assert not serious(run), show(serious(run))
     ran = {c.name for c in run.report.checks}
     assert {"links", "versions", "subnet_manager", "ipoib", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
-            "cabling", "switch_links", "switch_ports", "fabric_load"} <= ran, ran
+            "cabling", "switch_links", "switch_ports", "fabric_load", "pcie"} <= ran, ran
     load = next(c for c in run.report.checks if c.name == "fabric_load")
     assert load.measurements["flows"] == 6 and load.measurements["flows_slow"] == 0  # every flow across leaves
 
@@ -292,6 +292,27 @@ def test_gpu_missing_is_named_by_gpudirect(labc: Lab) -> None:
     gdr = errors_of(run, "gpudirect_bandwidth")
     assert {(f.node, f.device, f.rail) for f in gdr} == {("gpu02", "mlx5_1", 1)}, show(gdr)
     assert_only_blamed(run, {"gpu02"})
+
+
+def test_pcie_degraded_and_acs_enabled_are_named_by_pcie_as_host_side(labc: Lab) -> None:
+    healthy = verify(labc.cluster, tests=["pcie"], write=False)
+    assert healthy.exit_code == 0 and {c.node for c in healthy.report.checks if c.passed} == set(GPU_NODES), \
+        show(healthy.report.findings())
+    inject(labc, "gpu02", "pcie_degraded", **faults.check_params("pcie_degraded", {"device": "mlx5_1", "width": "8"}))
+    inject(labc, "gpu03", "acs_enabled")
+    try:
+        run = verify(labc.cluster, tests=["pcie"], write=False)
+    finally:
+        clear(labc, "gpu02", "pcie_degraded")
+        clear(labc, "gpu03", "acs_enabled")
+    down = [f for f in errors_of(run, "pcie") if f.node == "gpu02"]
+    assert [(f.device, f.expected, f.observed) for f in down] == [("mlx5_1", "x16 32GT/s", "x8 32GT/s")], show(down)
+    assert "gpu02: mlx5_1" in down[0].message and "cable" not in down[0].message
+    assert "reseat the card" in down[0].hint and "not a cable" in down[0].hint
+    acs = [f for f in errors_of(run, "pcie") if f.node == "gpu03"]
+    assert acs and all("ACS redirect on" in f.message and "ECAP_ACS+0x6.w=0000" in f.hint for f in acs), show(acs)
+    assert {f.message.split(" between ")[1].split(" has ")[0] for f in acs} == {"gpu0–mlx5_0", "gpu1–mlx5_1"}
+    assert_only_blamed(run, {"gpu02", "gpu03"})
 
 
 def test_ecc_error_is_named_by_the_watch_health_checks(labc: Lab) -> None:
