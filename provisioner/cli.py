@@ -1054,7 +1054,7 @@ def main(argv: list[str] | None = None) -> int:
         err.print(f"the spec has {errors} error(s); fix them and run again", markup=False)
         return exc.exit_code
     except ProvisionerError as exc:  # one line: a path, a name or a node's words in the message
-        err.print(f"provision: error: {printable(exc)}", markup=False)
+        err.print(f"provision: error: {escaped(exc)}", markup=False)
         return exc.exit_code
     except typer.Exit as exc:
         return int(exc.exit_code)
@@ -1066,7 +1066,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.exit_code
     except OSError as exc:  # a file or directory the command needs cannot be read or written: could not run
         where = f"{exc.filename}: " if exc.filename else ""
-        err.print(printable(f"provision: error: {where}{exc.strerror or exc}"), markup=False)
+        err.print(escaped(f"provision: error: {where}{exc.strerror or exc}"), markup=False)
         return 2
     except Exception as exc:  # click usage errors and anything unexpected: one line, never a traceback
         format_message = getattr(exc, "format_message", None)
