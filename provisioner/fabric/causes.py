@@ -8,8 +8,10 @@ would pull good cables. The same holds for a GPU that fell off the bus (fewer GP
 The host-side causes are the node-level errors of the gpudirect check (no device named: the module, the GPU count)
 and every error of the pcie check on the node (a GPU or HCA trained below its PCIe link, ACS redirecting
 peer-to-peer traffic through the root complex): the GPU path of that node crosses the fault whichever rail runs.
-:func:`fold` rewrites the traffic findings on a node with such a cause to name it, with the cause's own hint and no
-port or cable advice; their severity stays (the measurement did fail), so nothing passes that failed.
+:func:`fold` rewrites the traffic findings on a node with such a cause to name it (and the host-memory bandwidth
+findings of an HCA whose own PCIe link trained below capability: a technician would otherwise reseat its cable),
+with the cause's own hint and no port or cable advice; their severity stays (the measurement did fail), so nothing
+passes that failed.
 """
 
 from __future__ import annotations
@@ -19,9 +21,12 @@ from dataclasses import replace
 
 from provisioner.fabric import gpudirect, pcie
 from provisioner.fabric.findings import CheckResult, Finding
+from provisioner.fabric.schedule import CHECK_NAME
 
 TRAFFIC_RESULTS = (gpudirect.BW_CHECK, "nccl")
-"""Results whose findings a host-side cause explains (host-memory bandwidth does not need the GPU path)."""
+"""Results whose findings a host-side cause on the node explains (host-memory bandwidth does not need the GPU path,
+so only a cause on the HCA itself explains it: :func:`hca_causes`)."""
+PAIRWISE = CHECK_NAME
 
 
 def is_host_cause(f: Finding) -> bool:
@@ -41,9 +46,21 @@ def host_causes(checks: Sequence[CheckResult]) -> dict[str, Finding]:
     return causes
 
 
+def hca_causes(checks: Sequence[CheckResult]) -> dict[tuple[str, str], Finding]:
+    """(node, HCA) -> a pcie error on that HCA itself (its link trained below capability): host-memory traffic
+    through that HCA crosses the slow link too, so its plain bandwidth verdicts are explained by it as well."""
+    return {(str(f.node), str(f.device)): f for c in checks for f in c.findings
+            if f.check == pcie.CHECK and f.severity == "error" and f.node and f.device
+            and str(f.device).startswith(HCA_PREFIXES)}
+
+
+HCA_PREFIXES = ("mlx5_", "mlx4_", "ibp", "bnxt_re", "irdma")
+_WHAT = {gpudirect.BW_CHECK: "GPUDirect bandwidth", "nccl": "NCCL", PAIRWISE: "Bandwidth"}
+
+
 def _folded(f: Finding, cause: Finding) -> Finding:
     where = f"{f.node} rail {f.rail}" if f.rail is not None else str(f.node)
-    what = "GPUDirect bandwidth" if f.check == gpudirect.BW_CHECK else "NCCL"
+    what = _WHAT.get(f.check, f.check)
     return replace(f, message=f"{what} on {where} fails because of a host-side cause, not a port or cable: "
                               f"{cause.message}",
                    hint=f"{cause.hint} (no cable, transceiver or switch port is suspected)")
@@ -51,14 +68,19 @@ def _folded(f: Finding, cause: Finding) -> Finding:
 
 def fold(checks: Sequence[CheckResult]) -> list[CheckResult]:
     """``checks`` with every error or warning of a traffic result on a node with a host-side cause naming it."""
-    causes = host_causes(checks)
-    if not causes:
+    causes, hcas = host_causes(checks), hca_causes(checks)
+    if not causes and not hcas:
         return list(checks)
+
+    def cause_of(check: str, f: Finding) -> Finding | None:
+        if f.severity == "info":
+            return None
+        if check in TRAFFIC_RESULTS and f.node in causes:
+            return causes[str(f.node)]
+        return hcas.get((str(f.node), str(f.device))) if check == PAIRWISE else None
+
     out = []
     for check in checks:
-        if check.name in TRAFFIC_RESULTS and any(f.node in causes for f in check.findings):
-            findings = tuple(_folded(f, causes[f.node]) if f.node in causes and f.severity != "info" else f
-                             for f in check.findings)
-            check = replace(check, findings=findings)
-        out.append(check)
+        folded = tuple(_folded(f, c) if (c := cause_of(check.name, f)) is not None else f for f in check.findings)
+        out.append(replace(check, findings=folded) if folded != check.findings else check)
     return out

@@ -68,3 +68,25 @@ def test_a_pcie_error_of_a_node_folds_its_gpudirect_and_nccl_findings_but_not_ho
     assert pairwise == run[3]
     could_not = CheckResult.could_not_run(pcie.CHECK, "gpu03", "lspci: command not found")
     assert causes.host_causes([could_not, *run[1:]]) == {}  # no measurement, no cause
+
+
+def test_an_hca_trained_below_its_pcie_link_explains_its_plain_bandwidth_too() -> None:
+    """ib_write_bw from host memory crosses the HCA's own PCIe link: trained at x8 it halves, and the verdict read
+    "port is bad ... reseat or swap the cable" for that rail. Only that HCA's rail is folded, not the node's other
+    rail, and a GPU's slow link (which host memory does not cross) folds no plain bandwidth finding."""
+    from provisioner.fabric import pcie
+
+    slow = Finding(pcie.CHECK, "error", "gpu02", "mlx5_1", None, "x16 32GT/s", "x8 32GT/s",
+                   "gpu02: mlx5_1 (0000:41:00.0, ConnectX-7) trained at PCIe x8, capable of x16", "reseat the card")
+    loc = Localisation(verdicts={("gpu02", r): NodeVerdict("gpu02", r, "bad", "failed with every peer",
+                                                           ("gpu01", "gpu03")) for r in (0, 1)}, links=(), notes=())
+    plain = verdict_findings(loc, device_by_rail={0: "mlx5_0", 1: "mlx5_1"})
+    checks = [CheckResult.from_findings(pcie.CHECK, "gpu02", [slow]),
+              CheckResult.from_findings("pairwise_bandwidth", None, plain)]
+    _, folded = causes.fold(checks)
+    by_rail = {f.rail: f for f in folded.findings}
+    assert "host-side cause, not a port or cable: gpu02: mlx5_1" in by_rail[1].message and "reseat the card" in (
+        by_rail[1].hint)
+    assert by_rail[0] == plain[0] and "cable" in by_rail[0].hint  # mlx5_0's own link is fine: still its port
+    gpu = replace(slow, device="gpu1", message="gpu02: gpu1 trained at PCIe x8, capable of x16")
+    assert causes.fold([CheckResult.from_findings(pcie.CHECK, "gpu02", [gpu]), checks[1]])[1] == checks[1]
