@@ -33,6 +33,7 @@ from provisioner.fabric import (
     ipoib,
     links,
     load,
+    memlock,
     nccl,
     pcie,
     reach,
@@ -109,13 +110,16 @@ class _Verifier:
     """One run's state: the remote, the cluster, what was measured so far."""
 
     def __init__(self, cluster: Cluster, remote: Remote, progress: Progress, grace_s: float,
-                 nccl_launch: str = "mpirun", partitions: Mapping[str, str] | None = None) -> None:
+                 nccl_launch: str = "mpirun", partitions: Mapping[str, str] | None = None,
+                 job_partitions: Mapping[str, str] | None = None) -> None:
         self.cluster = cluster
         self.nccl_launch = nccl_launch
         self.busy: dict[str, str] = {}
         """Nodes running Slurm jobs -> why no traffic is sent to them (:meth:`find_busy`)."""
         self.partitions = dict(partitions or {})
         """node -> the Slurm partition it serves in now (the NCCL check starts those with srun)."""
+        self.job_partitions = dict(job_partitions or {})
+        """The same membership for the memlock check, whatever launcher NCCL uses: a user's job starts there."""
         self.remote = reach.ReachableRemote(remote)
         self.progress = progress
         self.grace_s = grace_s
@@ -521,6 +525,20 @@ class _Verifier:
         """Every planned IPoIB interface (a spec that plans none never gets here: see the registry's ``needs``)."""
         self.checks += ipoib.check_ipoib(self.cluster, self.remote)
 
+    # -- memlock ----------------------------------------------------------------------------------------------
+    def memlock_check(self) -> None:
+        """The locked-memory limit a job of ``verify.user`` gets on each GPU node (srun in its partition, else a
+        runuser login): root's checks cannot see it (root is exempt)."""
+        planned = {n: p for n, p in memlock.plan(self.cluster, self.job_partitions).items() if n not in self.lost}
+        if not planned:
+            return
+        srun = {n: list(argv) for n, (argv, how) in planned.items() if how.startswith("srun")}
+        login = {n: list(argv) for n, (argv, how) in planned.items() if n not in srun}
+        done = self.remote.run_many(login, timeout=PROBE_TIMEOUT_S) if login else {}
+        if srun:
+            done.update(self.remote.run_many(srun, timeout=memlock.SRUN_TIMEOUT_S))
+        self.checks += memlock.check_memlock(self.cluster, done, planned)
+
     # -- storage ----------------------------------------------------------------------------------------------
     def shared_storage(self) -> None:
         """The spec's mounts and exports (a spec that lists none never gets here: see the registry's ``needs``)."""
@@ -540,6 +558,7 @@ _RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
     "bandwidth": _Verifier.bandwidth_and_load,
     "gpudirect": lambda v, mode: v.gpudirect(v.numactl(), mode),
     "nccl": lambda v, _mode: v.nccl(),
+    "memlock": lambda v, _mode: v.memlock_check(),
     "storage": lambda v, _mode: v.shared_storage(),
 }
 """How the verifier runs each check of :data:`registry.CHECKS` (its ``--mode`` passed along); a unit test holds
@@ -602,9 +621,10 @@ def verify(
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
     traffic = [name for name in chosen if name in TRAFFIC_CHECKS and name not in lacking]
-    partitions = serving_partitions(cluster, state_dir) if traffic else {}
+    serving = serving_partitions(cluster, state_dir) if traffic or any(c.name == "memlock" for c in steps) else {}
+    partitions = serving if traffic else {}
     v = _Verifier(cluster, rem, progress, server_grace_s, nccl_launcher,
-                  partitions if nccl_launcher != "mpirun" else {})
+                  partitions if nccl_launcher != "mpirun" else {}, job_partitions=serving)
     try:
         if any(c.every_node for c in steps):  # sm and cabling ask one node that answers; the rest every node
             progress("ssh: every node answers (a node that does not is reported once and left out)")

@@ -89,6 +89,10 @@ def _plans_gpudirect(cluster: Cluster) -> bool:
     return "gpudirect" in cluster.spec.verify.tests
 
 
+def _has_user(cluster: Cluster) -> bool:
+    return cluster.spec.verify.user is not None
+
+
 def _bandwidth_label(cluster: Cluster, mode: str | None) -> str:
     return f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)"
 
@@ -135,6 +139,10 @@ CHECKS: tuple[Check, ...] = (
     Check("nccl", "provisioner.fabric.nccl", ("nccl",),
           "all_reduce_perf across the GPU compute nodes",
           "nccl: all_reduce_perf across the compute nodes"),
+    Check("memlock", "provisioner.fabric.memlock", ("memlock",),
+          "jobs of verify.user may lock unlimited memory (RDMA registration)",
+          "memlock: the locked-memory limit a job of verify.user gets on each GPU node (srun, else runuser)",
+          needs=_has_user, lacks="the spec names no verify.user to run as", planned=_has_user),
     Check("storage", "provisioner.fabric.storage",
           ("storage", "storage_roundtrip", "storage_throughput", "storage_export"),
           "NFS/Lustre mounts, a file round trip, the exports",

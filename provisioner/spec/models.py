@@ -452,7 +452,7 @@ class NcclCheck(Strict):
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
 
 
-TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling", "pcie"]
+TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling", "pcie", "memlock"]
 
 
 class Verify(Strict):
@@ -462,6 +462,21 @@ class Verify(Strict):
     bandwidth: BandwidthCheck = Field(default_factory=BandwidthCheck)
     gpudirect: GpuDirectCheck = Field(default_factory=GpuDirectCheck)
     nccl: NcclCheck = Field(default_factory=NcclCheck)
+    user: UnixUser | None = Field(
+        None, description="An unprivileged account that runs jobs (it must exist on every GPU node). With it the "
+        "memlock check reads the locked-memory limit (`ulimit -l`) a job of that user gets on each GPU node: through "
+        "`srun` where Slurm runs the node, else a `runuser` login. Root is exempt from the limit (CAP_IPC_LOCK), so "
+        "the other checks, run as root, pass where a user's RDMA job cannot register memory.")
+    memlock_min_mib: int | None = Field(
+        None, ge=1, description="The least locked memory (MiB) the memlock check accepts; default: unlimited only.")
+
+    @field_validator("user")
+    @classmethod
+    def _unprivileged(cls, user: str | None) -> str | None:
+        if user == "root":
+            raise ValueError("verify.user must be an unprivileged account: root is exempt from the memlock limit "
+                             "(CAP_IPC_LOCK), so it proves nothing about a user's job")
+        return user
 
 
 # --- Slurm and spare nodes -------------------------------------------------------------------------------------
