@@ -39,7 +39,8 @@ Runner = Callable[[list[str]], None]
 
 PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", "slow_link", "flapping")
 NODE_FAULTS = ("gpu_missing", "ecc_error", "peermem_missing", "unreachable", "sm_killed", "hardware_swap",
-               "ipoib_down", "ipoib_wrong_address", "nccl_slow", "pcie_degraded", "acs_enabled")
+               "ipoib_down", "ipoib_wrong_address", "nccl_slow", "pcie_degraded", "acs_enabled",
+               "memlock_low")
 FABRIC_FAULTS = ("cables_swapped",)
 SWITCH_FAULTS = ("uplink_down", "uplink_degraded", "switch_down")
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS + SWITCH_FAULTS
@@ -55,6 +56,11 @@ LINK_RETRAIN_COUNTS = {"link_error_recovery": 1, "symbol_error": 12}
 (the retrain half of :data:`FLAP_ON_INJECT`)."""
 HIDDEN_SUFFIX = ".lab-hidden"
 DEFAULT_SM_UNIT = "opensmd"
+MEMLOCK_FAULT_FILE = "/etc/security/limits.d/99-provisioner-lab-fault-memlock.conf"
+"""memlock_low's limits.d file: read after the doca_ofed role's 90-provisioner-memlock.conf, so pam_limits applies
+its lower limit to every later login (ssh, su, runuser), as a site's stray limits file would."""
+MEMLOCK_WRITE = 'umask 022; printf "* soft memlock %s\\n* hard memlock %s\\n" "$1" "$1" > "$2"'
+"""The shell text that writes it; the limit and the path come as arguments, never inside the text."""
 """The unit of NVIDIA's opensm package (DOCA/MLNX_OFED), which the lab's stand-in installs."""
 
 
@@ -192,6 +198,12 @@ def apply_fault(
         # ACSCtl ReqRedir+ CmpltRedir+ on them): a PLX/Broadcom switch's power-on default when nothing disables it
         record["saved"] = {"pcie_acs": node.get("pcie_acs")}
         node["pcie_acs"] = True
+    elif kind == "memlock_low":
+        kib = int(params.get("kib", 64))
+        if kib < 1:
+            raise LabError(f"memlock_low kib must be at least 1, not {kib}")
+        record["kib"] = kib
+        commands.append(["exec", ctr, "sh", "-c", MEMLOCK_WRITE, "sh", str(kib), MEMLOCK_FAULT_FILE])
     elif kind == "peermem_missing":
         module = str(params.get("module", "nvidia_peermem"))
         record["module"] = module
@@ -360,6 +372,8 @@ def revert_fault(
         commands.append(["exec", ctr, "sh", "-c",
                          f"for f in $(find /lib/modules -name '*{HIDDEN_SUFFIX}'); do "
                          f"mv \"$f\" \"${{f%{HIDDEN_SUFFIX}}}\"; done"])
+    elif kind == "memlock_low":
+        commands.append(["exec", ctr, "rm", "-f", MEMLOCK_FAULT_FILE])
     elif kind == "unreachable":
         node["reachable"] = True
         resume = ["unpause", ctr] if record["method"] == "pause" else ["exec", ctr, "systemctl", "start", "ssh"]
@@ -658,6 +672,7 @@ PARAMS: dict[str, dict[str, str]] = {
     "nccl_slow": {"factor": "factor"},
     "pcie_degraded": {"device": "device", "width": "pcie_width", "speed": "pcie_speed"},
     "acs_enabled": {},
+    "memlock_low": {"kib": "int"},
     "unreachable": {"method": "method"},
     "sm_killed": {"unit": "unit"},
     "hardware_swap": {},

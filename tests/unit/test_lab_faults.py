@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,26 @@ def test_nccl_slow_sets_and_clears_the_factor(lab: str) -> None:
         faults.inject(lab, "gpu01", "nccl_slow", factor=1.5)
     faults.clear(lab, "gpu02", "nccl_slow")
     assert "nccl_factor" not in labstate.load_node(lab, "gpu02")
+
+
+def test_memlock_low_writes_a_limits_file_with_the_limit_as_an_argument_and_clear_removes_it(
+        lab: str, tmp_path: Path) -> None:
+    run = Recorder()
+    faults.inject(lab, "gpu02", "memlock_low", runner=run, **faults.check_params("memlock_low", {"kib": "64"}))
+    assert faults.list_faults(lab, "gpu02") == [{"kind": "memlock_low", "kib": 64}]
+    (write,) = run.calls
+    assert write[:4] == ["exec", "plab-c1-gpu02", "sh", "-c"] and write[5:] == ["sh", "64", faults.MEMLOCK_FAULT_FILE]
+    assert "64" not in write[4], "the limit is an argument, never shell text"
+    target = tmp_path / "99-memlock.conf"  # the same shell text, run here against a file of the test's
+    subprocess.run(["sh", "-c", write[4], "sh", "64", str(target)], check=True)
+    assert target.read_text() == "* soft memlock 64\n* hard memlock 64\n"  # limits.conf(5): domain type item value
+    faults.clear(lab, "gpu02", "memlock_low", runner=run)
+    assert run.calls[1] == ["exec", "plab-c1-gpu02", "rm", "-f", faults.MEMLOCK_FAULT_FILE]
+    assert faults.list_faults(lab, "gpu02") == []
+    with pytest.raises(LabError, match="kib"):
+        faults.check_params("memlock_low", {"kib": "64; reboot"})
+    with pytest.raises(LabError, match="at least 1"):
+        faults.inject(lab, "gpu01", "memlock_low", runner=run, kib=0)
 
 
 def test_peermem_missing_unloads_and_hides_module(lab: str) -> None:
