@@ -144,6 +144,11 @@ def labc(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
     # follow-up needs three nodes in one run
     text = text.replace('members: "gpu[01-02]"', 'members: "gpu[01-03]"').replace('"10.31.0.[11-12]"',
                                                                                  '"10.31.0.[11-13]"')
+    # verify.user: the memlock check reads what a job of nobody (an unprivileged account every Debian node has) may
+    # lock, through a runuser login (this lab runs no Slurm). The floor is the lab's ceiling: root in the containers
+    # lacks CAP_SYS_RESOURCE and the host's hard limit is 8 MiB, so "unlimited" cannot be shown here; memlock_low's
+    # 64 KiB is far below it (docs/lab-hardware-model.md).
+    text = text.replace("verify:\n", "verify:\n  user: nobody\n  memlock_min_mib: 8\n")
     # no "cabling" in the list: a spec that plans cables gets the cabling check by default (the switch tests below)
     spec.write_text(text + "  tests: [links, ipoib, bandwidth, gpudirect, nccl]\n")
     base, _ = load_cluster(spec)
@@ -211,7 +216,9 @@ def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
     assert not serious(run), show(serious(run))
     ran = {c.name for c in run.report.checks}
     assert {"links", "versions", "subnet_manager", "ipoib", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
-            "cabling", "switch_links", "switch_ports", "fabric_load", "pcie"} <= ran, ran
+            "cabling", "switch_links", "switch_ports", "fabric_load", "pcie", "memlock"} <= ran, ran
+    memlock = {c.node: c.measurements for c in run.report.checks if c.name == "memlock"}
+    assert sorted(memlock) == list(GPU_NODES) and all(m["via"] == "runuser login" for m in memlock.values()), memlock
     load = next(c for c in run.report.checks if c.name == "fabric_load")
     assert load.measurements["flows"] == 6 and load.measurements["flows_slow"] == 0  # every flow across leaves
 
@@ -444,6 +451,26 @@ def test_tune_runs_the_sweep_in_the_lab_and_recommends_nothing_the_lab_cannot_sh
         ("NCCL_IB_QPS_PER_CONNECTION=4", 2, True)]
     assert 85.0 < (run.settings[0].median or 0) < 96.0
     assert tune.recommend(run.settings) is None
+
+
+def test_memlock_low_fails_the_memlock_check_on_its_node_while_the_root_checks_pass(labc: Lab) -> None:
+    """A limits.d file lowers every login's locked-memory limit on gpu02 to 64 KiB (lab fault memlock_low): root's
+    links and bandwidth checks cannot see it (root is exempt, CAP_IPC_LOCK) and stay green; the memlock check, run
+    as nobody through runuser (PAM applies limits.d), fails on gpu02 only, naming memlock, the user and the value,
+    on the host and never a port."""
+    inject(labc, "gpu02", "memlock_low", kib=64)
+    try:
+        run = verify(labc.cluster, tests=["links", "bandwidth", "memlock"], write=False)
+    finally:
+        clear(labc, "gpu02", "memlock_low")
+    memlock = errors_of(run, "memlock")
+    assert [(f.node, f.device, f.port, f.observed) for f in memlock] == [("gpu02", None, None, "64 KiB")], show(
+        run.report.findings())
+    assert "memlock: a job of user nobody on gpu02 may lock only 64 KiB" in memlock[0].message, memlock[0].message
+    assert not [f for f in serious(run) if f.check != "memlock"], show(serious(run))
+    root_mode = [c for c in run.report.checks if c.name in ("links", "bandwidth", "fabric_load")]
+    assert root_mode and all(c.passed for c in root_mode), [(c.name, c.node, c.passed) for c in root_mode]
+    assert run.exit_code == 1
 
 
 def test_unreachable_node_is_could_not_run_not_a_hang(labc: Lab) -> None:
