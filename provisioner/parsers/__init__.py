@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from provisioner.errors import ParseError
+from provisioner.parsers.dcgmi import parse_dcgmi_diag
 from provisioner.parsers.iblinkinfo import parse_iblinkinfo
 from provisioner.parsers.ibnetdiscover import parse_ibnetdiscover
 from provisioner.parsers.ibqueryerrors import parse_ibqueryerrors
@@ -46,6 +47,7 @@ PARSERS: dict[str, Parser] = {
     "ibnetdiscover": parse_ibnetdiscover,
     "ibqueryerrors": parse_ibqueryerrors,
     "lspci": parse_lspci,
+    "dcgmi": parse_dcgmi_diag,
 }
 
 __all__ = ["PARSERS", "Parser", "parse"]
