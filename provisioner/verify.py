@@ -29,6 +29,7 @@ from provisioner.fabric import (
     baseline,
     cabling,
     causes,
+    dcgm,
     gpudirect,
     ipoib,
     links,
@@ -369,6 +370,20 @@ class _Verifier:
                                       cuda_dmabuf=gpudirect.dmabuf_mode(cluster))
         return gpudirect.check_gpudirect(cluster, lsmod, topo, runner, mode, perftest)
 
+    def dcgm_check(self) -> None:
+        """``dcgmi diag`` on the GPU nodes not running jobs; the NVSwitch fabric state on every NVSwitch node (reading
+        it loads nothing)."""
+        lvl = dcgm.level(self.cluster)
+        quiet = {n.name for n in dcgm.dcgm_nodes(self.traffic())}
+        nodes = [n.name for n in dcgm.dcgm_nodes(self.cluster) if n.name in quiet]
+        live = [n for n in nodes if n not in self.lost]
+        probes = self.remote.run_many({n: ["sh", "-c", dcgm.PROBE, "sh", str(lvl)] for n in live},
+                                      timeout=dcgm.TIMEOUT_S[lvl]) if live else {}
+        self.checks += [dcgm.diag_result(n, lvl, done) for n, done in sorted(probes.items())]
+        fabric = [n.name for n in dcgm.fabric_nodes(self.cluster)]
+        self.checks += [dcgm.fabric_result(n, done) for n, done in
+                        sorted(self.on_all(list(dcgm.FABRIC_ARGV), fabric).items())] if fabric else []
+
     def nccl(self) -> None:
         every = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
         cluster = self.traffic()
@@ -545,8 +560,9 @@ class _Verifier:
         self.checks += storage.check_storage(self.cluster, self.remote)
 
 
-TRAFFIC_CHECKS = ("bandwidth", "gpudirect", "nccl")
-"""Checks that load the fabric and the GPUs: kept off nodes running Slurm jobs (:meth:`_Verifier.find_busy`)."""
+TRAFFIC_CHECKS = ("dcgm", "bandwidth", "gpudirect", "nccl")
+"""Checks that load the fabric and the GPUs (DCGM's diagnostic loads the GPUs): kept off nodes running Slurm jobs
+(:meth:`_Verifier.find_busy`)."""
 
 _RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
     "links": lambda v, _mode: v.links(),
@@ -555,6 +571,7 @@ _RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
     "sm": lambda v, _mode: v.subnet_manager(),
     "ipoib": lambda v, _mode: v.ipoib_check(),
     "cabling": lambda v, _mode: v.cabling(),
+    "dcgm": lambda v, _mode: v.dcgm_check(),
     "bandwidth": _Verifier.bandwidth_and_load,
     "gpudirect": lambda v, mode: v.gpudirect(v.numactl(), mode),
     "nccl": lambda v, _mode: v.nccl(),
@@ -646,9 +663,10 @@ def verify(
     finally:
         if own and isinstance(rem, SshRemote):
             rem.close()
+    gpu_nodes = {n.name for n in dcgm.dcgm_nodes(cluster)}
     for name in traffic:  # what was not measured on a node running jobs: could not run there, with the jobs
         v.checks += [CheckResult.could_not_run(registry.BY_NAME[name].results[0], node, why)
-                     for node, why in sorted(v.busy.items())]
+                     for node, why in sorted(v.busy.items()) if name != "dcgm" or node in gpu_nodes]
     finished = now()
     stamp = started.strftime("%Y%m%dT%H%M%SZ")
     root = state_dir_for(cluster.name, state_dir) / "verify"

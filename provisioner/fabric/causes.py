@@ -5,9 +5,10 @@ crawls on every rail of it and NCCL's follow-up names it slow. Judged on their o
 read "port is bad ... reseat or swap the cable and transceiver" for each rail, next to the module error: a technician
 would pull good cables. The same holds for a GPU that fell off the bus (fewer GPUs in ``nvidia-smi topo -m``).
 
-The host-side causes are the node-level errors of the gpudirect check (no device named: the module, the GPU count)
-and every error of the pcie check on the node (a GPU or HCA trained below its PCIe link, ACS redirecting
-peer-to-peer traffic through the root complex): the GPU path of that node crosses the fault whichever rail runs.
+The host-side causes are the node-level errors (no device named) of the gpudirect check (the module, the GPU
+count), of the dcgm check (a test DCGM's diagnostic failed) and of the NVSwitch fabric state (fabric manager), and
+every error of the pcie check on the node (a GPU or HCA trained below its PCIe link, ACS redirecting peer-to-peer
+traffic through the root complex): the GPU path of that node crosses the fault whichever rail runs.
 :func:`fold` rewrites the traffic findings on a node with such a cause to name it (and the host-memory bandwidth
 findings of an HCA whose own PCIe link trained below capability: a technician would otherwise reseat its cable),
 with the cause's own hint and no port or cable advice; their severity stays (the measurement did fail), so nothing
@@ -19,10 +20,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from provisioner.fabric import gpudirect, pcie
+from provisioner.fabric import dcgm, gpudirect, pcie
 from provisioner.fabric.findings import CheckResult, Finding
 from provisioner.fabric.schedule import CHECK_NAME
 
+CAUSE_RESULTS = (gpudirect.CHECK, dcgm.CHECK, dcgm.FABRIC_CHECK)
+"""Checks whose node-level errors are host-side causes: the GPUDirect module and GPU count, a failed DCGM
+diagnostic, an NVSwitch fabric fabric manager has not trained."""
 TRAFFIC_RESULTS = (gpudirect.BW_CHECK, "nccl")
 """Results whose findings a host-side cause on the node explains (host-memory bandwidth does not need the GPU path,
 so only a cause on the HCA itself explains it: :func:`hca_causes`)."""
@@ -30,10 +34,10 @@ PAIRWISE = CHECK_NAME
 
 
 def is_host_cause(f: Finding) -> bool:
-    """An error of the gpudirect check on a node as a whole, or any error of the pcie check on a node."""
+    """An error of a :data:`CAUSE_RESULTS` check on a node as a whole, or any error of the pcie check on a node."""
     if f.severity != "error" or not f.node:
         return False
-    return (f.check == gpudirect.CHECK and f.device is None) or f.check == pcie.CHECK
+    return (f.check in CAUSE_RESULTS and f.device is None) or f.check == pcie.CHECK
 
 
 def host_causes(checks: Sequence[CheckResult]) -> dict[str, Finding]:

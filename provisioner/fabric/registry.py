@@ -93,6 +93,16 @@ def _has_user(cluster: Cluster) -> bool:
     return cluster.spec.verify.user is not None
 
 
+def _has_gpus(cluster: Cluster) -> bool:
+    return any(n.gpu_count for n in cluster.nodes)
+
+
+def _dcgm_label(cluster: Cluster, mode: str | None) -> str:
+    nvswitch = any(n.nvswitch and n.gpu_count for n in cluster.nodes)
+    return (f"dcgm: dcgmi diag -r {cluster.spec.verify.dcgm.level} on every GPU node"
+            + ("; NVSwitch fabric state (nvidia-smi -q)" if nvswitch else ""))
+
+
 def _bandwidth_label(cluster: Cluster, mode: str | None) -> str:
     return f"bandwidth: ib_write_bw per rail ({mode or cluster.spec.verify.bandwidth.mode} mode)"
 
@@ -130,6 +140,9 @@ CHECKS: tuple[Check, ...] = (
           "cables and links between tiers as planned, switch port counters",
           "cabling: iblinkinfo against the spec's cabling and links between tiers; switch port counters",
           every_node=False, planned=plans_cabling),
+    Check("dcgm", "provisioner.fabric.dcgm", ("dcgm", "nvswitch_fabric"),
+          "dcgmi diag on every GPU node, the NVSwitch fabric trained",
+          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs"),
     Check("bandwidth", "provisioner.fabric.bandwidth", ("bandwidth", "fabric_load"),
           "ib_write_bw per rail between pairs, then every port at once",
           _bandwidth_label),

@@ -8,6 +8,7 @@ between the index and the last three fields.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from provisioner.errors import ParseError
@@ -46,3 +47,52 @@ def parse_nvidia_smi_query(text: str) -> dict[str, Any]:
     if not gpus:
         raise ParseError(f"nvidia-smi-query: no '<index>, <name>, <bus id>, <driver>, <memory>' row ({QUERY})")
     return {"tool": "nvidia-smi-query", "gpus": gpus, "warnings": warnings}
+
+
+# --- nvidia-smi -q: the Fabric section ------------------------------------------------------------------------
+
+_GPU_HEADER_RE = re.compile(r"^GPU\s+(?P<bus>[0-9A-Fa-f]{4,8}:[0-9A-Fa-f]{2}:[0-9A-Fa-f]{2}\.[0-9A-Fa-f])\s*$")
+_KEY_RE = re.compile(r"^(?P<key>[A-Za-z][A-Za-z ]*?)\s*:\s*(?P<value>.*)$")
+FABRIC_DONE = ("Completed", "Success")
+"""(State, Status) of a GPU whose NVSwitch fabric fabric manager has trained (the Fabric Manager user guide)."""
+
+
+def parse_nvidia_smi_fabric(text: str) -> dict[str, Any]:
+    """The ``Fabric`` section of each GPU in ``nvidia-smi -q``: ``gpus: [{bus_id, state, status}]``.
+
+    The section reads (driver 470 and newer; 550+ adds ``CliqueId``, ``ClusterUUID`` and a ``Health`` block)::
+
+        GPU 00000000:19:00.0
+            ...
+            Fabric
+                State                             : Completed
+                Status                            : Success
+
+    ``In Progress`` / ``N/A`` while fabric manager has not trained the fabric; ``N/A`` / ``N/A`` on a GPU without
+    NVSwitch. ``nvidia-smi -q | grep -A 2 Fabric`` (no GPU header) parses too, with ``bus_id`` null. A GPU without
+    a Fabric section (an older driver) has ``state`` null.
+    """
+    require_text("nvidia-smi-q", text)
+    gpus: list[dict[str, Any]] = []
+    current: dict[str, Any] | None = None
+    in_fabric = False
+    for raw in text.splitlines():
+        line = raw.strip()
+        header = _GPU_HEADER_RE.match(line)
+        if header:
+            current = {"bus_id": header.group("bus").lower(), "state": None, "status": None}
+            gpus.append(current)
+            in_fabric = False
+        elif line == "Fabric":
+            if current is None or current["state"] is not None:
+                current = {"bus_id": None, "state": None, "status": None}
+                gpus.append(current)
+            in_fabric = True
+        elif in_fabric and current is not None and (m := _KEY_RE.match(line)):
+            key = m.group("key").lower()
+            if key in ("state", "status"):
+                current[key] = m.group("value").strip()
+            in_fabric = key != "status"
+    if not gpus:
+        raise ParseError("nvidia-smi-q: no 'GPU <bus id>' block and no 'Fabric' section")
+    return {"tool": "nvidia-smi-q", "gpus": gpus, "warnings": []}

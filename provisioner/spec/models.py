@@ -452,7 +452,13 @@ class NcclCheck(Strict):
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
 
 
-TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling", "pcie", "memlock"]
+class DcgmCheck(Strict):
+    level: Literal[1, 2, 3] = Field(1, description="dcgmi diag -r LEVEL on every GPU node: 1 (seconds: software "
+                                    "and deployment), 2 (about 2 minutes: adds PCIe/NVLink and memory), 3 (about "
+                                    "30 minutes: adds the stress tests).")
+
+
+TestName = Literal["links", "ipoib", "bandwidth", "gpudirect", "nccl", "storage", "cabling", "pcie", "memlock", "dcgm"]
 
 
 class Verify(Strict):
@@ -477,6 +483,7 @@ class Verify(Strict):
             raise ValueError("verify.user must be an unprivileged account: root is exempt from the memlock limit "
                              "(CAP_IPC_LOCK), so it proves nothing about a user's job")
         return user
+    dcgm: DcgmCheck = Field(default_factory=DcgmCheck)
 
 
 # --- Slurm and spare nodes -------------------------------------------------------------------------------------
