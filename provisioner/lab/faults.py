@@ -40,7 +40,8 @@ Runner = Callable[[list[str]], None]
 PORT_FAULTS = ("port_down", "port_disabled", "degraded_width", "degraded_rate", "slow_link", "flapping")
 NODE_FAULTS = ("gpu_missing", "ecc_error", "peermem_missing", "unreachable", "sm_killed", "hardware_swap",
                "ipoib_down", "ipoib_wrong_address", "nccl_slow", "pcie_degraded", "acs_enabled",
-               "memlock_low")
+               "memlock_low",
+               "dcgm_fail", "nvlink_down")
 FABRIC_FAULTS = ("cables_swapped",)
 SWITCH_FAULTS = ("uplink_down", "uplink_degraded", "switch_down")
 FAULT_KINDS = PORT_FAULTS + NODE_FAULTS + FABRIC_FAULTS + SWITCH_FAULTS
@@ -204,6 +205,8 @@ def apply_fault(
             raise LabError(f"memlock_low kib must be at least 1, not {kib}")
         record["kib"] = kib
         commands.append(["exec", ctr, "sh", "-c", MEMLOCK_WRITE, "sh", str(kib), MEMLOCK_FAULT_FILE])
+    elif kind in ("dcgm_fail", "nvlink_down"):
+        record.update(_gpu_fault(node, host, kind, params))
     elif kind == "peermem_missing":
         module = str(params.get("module", "nvidia_peermem"))
         record["module"] = module
@@ -306,6 +309,20 @@ def _ipoib_fault(ctr: str, kind: str, params: dict[str, Any], commands: list[lis
     return {"netdev": netdev, "address": address}
 
 
+def _gpu_fault(node: dict[str, Any], host: str, kind: str, params: dict[str, Any]) -> dict[str, Any]:
+    """dcgm_fail: the simulated dcgmi fails its Inforom test on GPU ``gpu`` (default 0) with DCGM's words;
+    nvlink_down: NVLink 0 of GPU ``gpu`` is down (nvidia-smi nvlink -s <inactive>, DCGM's PCIe test at level 2+),
+    while the fabric state stays Completed."""
+    if kind == "nvlink_down" and "gpu" not in params:
+        raise LabError("nvlink_down needs gpu=<GPU index>", hint="e.g. gpu=3")
+    index = _gpu_index(node, host, {"index": params.get("gpu", 0)})
+    if kind == "dcgm_fail":
+        node["dcgm_fail"] = {"gpu": index}
+    else:
+        node["nvlink_down"] = sorted({*node.get("nvlink_down", []), index})
+    return {"gpu": index}
+
+
 def _identity(record: dict[str, Any]) -> dict[str, Any]:
     """What names a fault's target (the saved/set values do not)."""
     return {k: v for k, v in record.items() if k not in ("saved", "set")}
@@ -366,6 +383,12 @@ def revert_fault(
         node.pop("nccl_factor", None)
         if record["saved"]["nccl_factor"] is not None:
             node["nccl_factor"] = record["saved"]["nccl_factor"]
+    elif kind == "dcgm_fail":
+        node.pop("dcgm_fail", None)
+    elif kind == "nvlink_down":
+        node["nvlink_down"] = [i for i in node.get("nvlink_down", []) if i != int(record["gpu"])]
+        if not node["nvlink_down"]:
+            del node["nvlink_down"]
     if record.get("logged"):  # clearing the fault is a reboot to the kernel log: its line goes
         node["kernel_log"] = [e for e in node.get("kernel_log", []) if e.get("msg") != record["logged"]]
     elif kind == "peermem_missing":
@@ -673,6 +696,8 @@ PARAMS: dict[str, dict[str, str]] = {
     "pcie_degraded": {"device": "device", "width": "pcie_width", "speed": "pcie_speed"},
     "acs_enabled": {},
     "memlock_low": {"kib": "int"},
+    "dcgm_fail": {"gpu": "int"},
+    "nvlink_down": {"gpu": "int"},
     "unreachable": {"method": "method"},
     "sm_killed": {"unit": "unit"},
     "hardware_swap": {},
@@ -685,7 +710,8 @@ PARAMS: dict[str, dict[str, str]] = {
 }
 """The parameters each fault kind takes, and the kind of value each one is (see :func:`check_params`)."""
 _REQUIRED = {"device": {k for k, v in PARAMS.items() if "device" in v},
-             "netdev": {"ipoib_down", "ipoib_wrong_address"}, "address": {"ipoib_wrong_address"}}
+             "netdev": {"ipoib_down", "ipoib_wrong_address"}, "address": {"ipoib_wrong_address"},
+             "gpu": {"nvlink_down"}}
 
 
 @dataclass(frozen=True)

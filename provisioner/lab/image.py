@@ -65,6 +65,9 @@ MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors"
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
 HARDWARE_TOOLS = ("lspci",)
 """Tools that read the simulated PCI hardware (node.json); they shadow Debian's pciutils."""
+GPU_TOOLS = ("dcgmi",)
+"""Simulated GPU tools no lab package ships yet: DCGM's dcgmi (no role installs datacenter-gpu-manager yet, so the
+lab puts it on every node's PATH like the MAD tools; docs/lab-hardware-model.md)."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -185,7 +188,7 @@ def lab_files() -> dict[str, tuple[bytes, int]]:
     files["/usr/local/sbin/dkms"] = ((_PACKAGE_DIR / "nodetools" / "dkms_sim.py").read_bytes(), 0o755)
     for module in LAB_MODULES:
         files[f"{LAB_LIB_DIR}/{module}"] = ((simtools / module).read_bytes(), 0o644)
-    for tool in MAD_TOOLS + HARDWARE_TOOLS:
+    for tool in MAD_TOOLS + HARDWARE_TOOLS + GPU_TOOLS:
         files[f"/usr/local/sbin/{tool}"] = ((simtools / tool).read_bytes(), 0o755)
     return files
 

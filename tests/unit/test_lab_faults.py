@@ -286,3 +286,24 @@ def test_pcie_degraded_needs_a_device_the_node_has_and_a_width_or_speed(lab: str
         faults.inject(lab, "gpu01", "pcie_degraded", device="mlx5_7", width=8)
     with pytest.raises(LabError, match="width=<lanes> or speed"):
         faults.inject(lab, "gpu01", "pcie_degraded", device="mlx5_0")
+
+
+def test_dcgm_fail_marks_the_gpu_for_the_simulated_dcgmi_and_clears_exactly(lab: str) -> None:
+    faults.inject(lab, "gpu02", "dcgm_fail", **faults.check_params("dcgm_fail", {"gpu": "1"}))
+    assert labstate.load_node(lab, "gpu02")["dcgm_fail"] == {"gpu": 1}
+    with pytest.raises(LabError, match="already injected"):
+        faults.inject(lab, "gpu02", "dcgm_fail", gpu=1)
+    with pytest.raises(LabError, match="no GPU 9"):
+        faults.inject(lab, "gpu01", "dcgm_fail", gpu=9)
+    faults.clear(lab, "gpu02", "dcgm_fail")
+    assert "dcgm_fail" not in labstate.load_node(lab, "gpu02")
+
+
+def test_nvlink_down_takes_one_gpus_link_and_needs_the_gpu(lab: str) -> None:
+    with pytest.raises(LabError, match="gpu="):
+        faults.inject(lab, "gpu01", "nvlink_down")
+    faults.inject(lab, "gpu01", "nvlink_down", **faults.check_params("nvlink_down", {"gpu": "3"}))
+    faults.inject(lab, "gpu01", "nvlink_down", gpu=0)
+    assert labstate.load_node(lab, "gpu01")["nvlink_down"] == [0, 3]
+    faults.clear(lab, "gpu01", "nvlink_down")
+    assert "nvlink_down" not in labstate.load_node(lab, "gpu01")

@@ -140,6 +140,18 @@ def test_nvidia_smi_topo_parity(hostlab: Path) -> None:
     assert_same_fields("nvidia-smi-topo", outs, real_pairs("nvidia-smi-topo"))
 
 
+def test_dcgmi_parity(hostlab: Path) -> None:
+    healthy = [parse("dcgmi", host.run(hostlab, "dcgmi", "diag", "-r", level).stdout) for level in ("1", "2", "3")]
+    assert [len(o["tests"]) for o in healthy] == [9, 11, 14] and all(o["ok"] for o in healthy)
+    node = host._node()
+    node["gpus"][1]["ecc_uncorrected_volatile"] = 2
+    node.update({"dcgm_fail": {"gpu": 3}, "nvlink_down": [5]})
+    (hostlab / "root/nodes/gpu01/node.json").write_text(json.dumps(node))
+    failing = parse("dcgmi", host.run(hostlab, "dcgmi", "diag", "-r", "2").stdout)
+    assert failing["failed"] == ["Page Retirement/Row Remap", "Inforom", "PCIe"]
+    assert_same_fields("dcgmi", [*healthy, failing], real_pairs("dcgmi"))
+
+
 def test_ofed_info_parity(hostlab: Path) -> None:
     outs = [parse("ofed_info", host.run(hostlab, "ofed_info", *args).stdout) for args in (("-s",), (), ("-n",))]
     assert [(o["flavor"], o["form"]) for o in outs] == [

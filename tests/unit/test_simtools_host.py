@@ -152,6 +152,35 @@ def test_nvidia_smi_q_keys(lab: Path) -> None:
     assert out.count("Product Name") == 8
 
 
+def test_nvidia_smi_q_fabric_and_nvlink_status_follow_nvswitch_and_nvlink_down(lab: Path) -> None:
+    from provisioner.parsers.nvidia_query import parse_nvidia_smi_fabric
+
+    gpus = parse_nvidia_smi_fabric(run(lab, "nvidia-smi", "-q").stdout)["gpus"]
+    assert len(gpus) == 8 and {(g["state"], g["status"]) for g in gpus} == {("Completed", "Success")}
+    node = _node()
+    node["nvlink_down"] = [2]
+    (lab / "root/nodes/gpu01/node.json").write_text(json.dumps(node))
+    status = run(lab, "nvidia-smi", "nvlink", "-s").stdout
+    assert "GPU 2: NVIDIA H100 80GB HBM3 (UUID: GPU-5b6f6d1e-1111-2222-3333-000000000002)\n\t Link 0: <inactive>\n" \
+        in status
+    assert status.count("<inactive>") == 1 and status.count("\t Link 17: 26.562 GB/s") == 8
+    gpus = parse_nvidia_smi_fabric(run(lab, "nvidia-smi", "-q").stdout)["gpus"]
+    assert {(g["state"], g["status"]) for g in gpus} == {("Completed", "Success")}  # the fabric stays trained
+    (lab / "root/nodes/gpu01/node.json").write_text(json.dumps(_node(nvswitch=False)))
+    gpus = parse_nvidia_smi_fabric(run(lab, "nvidia-smi", "-q").stdout)["gpus"]
+    assert {(g["state"], g["status"]) for g in gpus} == {("N/A", "N/A")}
+
+
+def test_dcgmi_without_a_driver_prints_dcgmis_no_host_engine_lines(lab: Path) -> None:
+    assert run(lab, "dcgmi", "diag", "-r", "1").returncode == 0
+    (lab / "sys/usr/lib/provisioner-lab/nvidia-driver.version").unlink()
+    done = run(lab, "dcgmi", "diag", "-r", "1")
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[-1] == ("Error: Unable to connect to host engine. Host engine connection "
+                                            "invalid/disconnected.")
+    assert run(lab, "dcgmi", "diag").returncode == 2  # no level: usage
+
+
 def test_ofed_info_forms(lab: Path) -> None:
     assert run(lab, "ofed_info", "-s").stdout == "OFED-internal-24.10-1.1.4.0:\n"
     assert run(lab, "ofed_info", "-n").stdout == "24.10-1.1.4.0\n"
