@@ -66,8 +66,9 @@ MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors"
 HARDWARE_TOOLS = ("lspci",)
 """Tools that read the simulated PCI hardware (node.json); they shadow Debian's pciutils."""
 GPU_TOOLS = ("dcgmi",)
-"""Simulated GPU tools no lab package ships yet: DCGM's dcgmi (no role installs datacenter-gpu-manager yet, so the
-lab puts it on every node's PATH like the MAD tools; docs/lab-hardware-model.md)."""
+"""Simulated GPU tools no lab package ships yet: DCGM's dcgmi (the lab's vendor repository has no stand-in
+datacenter-gpu-manager for the dcgm role, so the lab puts it on every node's PATH like the MAD tools;
+docs/lab-hardware-model.md)."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 

@@ -303,6 +303,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "doca_ofed_flavor": spec.software.ofed.flavor,
         "doca_ofed_version": spec.software.ofed.version,
         "lustre_client_version": spec.software.lustre_client,
+        "dcgm_version": spec.software.dcgm,
         "lustre_client_built_against_ofed": ipoib_render.built_against_ofed(spec),
         "nfs_server_rdma_packages": ipoib_render.nfs_rdma_packages(spec),
         "nfs_client_rdma_packages": ipoib_render.nfs_rdma_packages(spec),

@@ -200,11 +200,13 @@ class Software(Strict):
     perftest: Version = Field("25.10.0-0.128", description="perftest release the perftest_cuda role builds with CUDA "
                               "(linux-rdma/perftest tag) for the GPUDirect bandwidth check.")
     lustre_client: Version | None = Field(None, description="Lustre client version, when Lustre mounts exist.")
+    dcgm: Version | None = Field(None, description="DCGM (datacenter-gpu-manager 3.x, e.g. \"3.3.9\") the dcgm role "
+                                 "pins on the GPU nodes for verify's dcgm check; unset: not installed.")
     nccl_env: dict[NcclName, NcclValue] = Field(
         default_factory=dict, description="NCCL settings for /etc/nccl.conf on every GPU node, over those the spec "
         "implies (NCCL_IB_HCA, ...): e.g. what `provision tune` measured and recommends.")
 
-    @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", mode="before")
+    @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", "dcgm", mode="before")
     @classmethod
     def _no_float_versions(cls, v: object) -> object:
         if isinstance(v, float | int) and not isinstance(v, bool):
