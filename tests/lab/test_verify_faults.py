@@ -49,7 +49,7 @@ from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.lab.names import container_name
 from provisioner.lab.simtools import labstate
 from provisioner.spec import Cluster, load_cluster
-from provisioner.spec.models import GpuDirect
+from provisioner.spec.models import DcgmCheck, GpuDirect
 from provisioner.verify import VerifyRun, verify
 
 pytestmark = [
@@ -339,6 +339,50 @@ def test_ecc_error_is_named_by_the_watch_health_checks(labc: Lab) -> None:
     assert problems["gpu02"] == [] and problems["gpu03"] == [], problems
     again = health.check_nodes(labc.cluster, SshRemote(targets_from_cluster(labc.cluster)), ["gpu01"])
     assert again["gpu01"].problems == []  # cleared as a reboot clears it: the counter and the kernel log
+
+
+def test_healthy_lab_passes_dcgm_and_its_nvswitch_fabric(labc: Lab) -> None:
+    run = verify(labc.cluster, tests=["dcgm"], write=False)
+    assert run.exit_code == 0, show(run.report.findings())
+    got = {(c.name, c.node): c for c in run.report.checks}
+    assert set(got) == {(name, n) for name in ("dcgm", "nvswitch_fabric") for n in GPU_NODES}, sorted(got)
+    assert all(c.passed and c.ran for c in got.values()), show(run.report.findings())
+    assert got["dcgm", "gpu01"].measurements["passed"] == 9  # level 1 (the default): the nine Deployment tests
+
+
+def test_dcgm_fail_is_named_on_its_node_in_dcgms_words_and_no_cable(labc: Lab) -> None:
+    inject(labc, "gpu02", "dcgm_fail", gpu=1)
+    try:
+        run = verify(labc.cluster, tests=["dcgm"], write=False)
+    finally:
+        clear(labc, "gpu02", "dcgm_fail")
+    found = errors_of(run, "dcgm")
+    assert [(f.node, f.device, f.port) for f in found] == [("gpu02", None, None)], show(run.report.findings())
+    assert found[0].message == ("DCGM diag level 1: Inforom (Deployment) failed on GPU 1: A corrupt InfoROM has been "
+                                "detected in GPU 1."), found[0].message
+    assert "not a cable" in found[0].hint and not any("reseat" in f.hint for f in serious(run)), show(serious(run))
+    assert run.exit_code == 1
+    assert_only_blamed(run, {"gpu02"})
+
+
+def test_nvlink_down_fails_dcgm_level_2_on_that_gpu_while_the_fabric_stays_trained(labc: Lab) -> None:
+    spec = labc.cluster.spec.model_copy(update={"verify": labc.cluster.spec.verify.model_copy(
+        update={"dcgm": DcgmCheck(level=2)})})
+    level2 = dataclasses.replace(labc.cluster, spec=spec)
+    inject(labc, "gpu03", "nvlink_down", gpu=0)
+    try:
+        level1 = verify(labc.cluster, tests=["dcgm"], write=False)
+        run = verify(level2, tests=["dcgm"], write=False)
+        status = sh("gpu03", "nvidia-smi nvlink -s")
+    finally:
+        clear(labc, "gpu03", "nvlink_down")
+    assert level1.exit_code == 0, show(level1.report.findings())  # level 1 runs no NVLink test, as DCGM's
+    found = errors_of(run, "dcgm")
+    assert [f.node for f in found] == ["gpu03"] and found[0].message == (
+        "DCGM diag level 2: PCIe (Integration) failed on GPU 0: GPU 0's NvLink link 0 is currently down"), show(found)
+    assert errors_of(run, "nvswitch_fabric") == []  # NVLink down, the fabric state still Completed/Success
+    assert "\t Link 0: <inactive>" in status
+    assert_only_blamed(run, {"gpu03"})
 
 
 def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:
