@@ -38,8 +38,9 @@ ANSIBLE_RESERVED_NAMES = frozenset({
 
 OWNED_VARS = frozenset({
     # rendered from the spec by provisioner.render.model (ansible_* and provisioner_* are covered by prefix)
-    "cuda_version", "doca_ofed_flavor", "doca_ofed_version", "lustre_client_mounts", "lustre_client_version",
-    "nccl_conf", "nccl_tests_version", "nccl_version", "nfs_client_mounts", "nfs_server_exports",
+    "cuda_version", "dcgm_version", "doca_ofed_flavor", "doca_ofed_version", "lustre_client_mounts",
+    "lustre_client_version", "nccl_conf", "nccl_tests_version", "nccl_version", "nfs_client_mounts",
+    "nfs_server_exports",
     "nvidia_driver_branch", "nvidia_driver_enabled", "nvidia_driver_fabric_manager", "nvidia_driver_kernel_modules",
     "nvidia_driver_version", "nvidia_peermem_enabled", "opensm_adaptive_routing", "opensm_build",
     "opensm_default_partition", "opensm_device", "opensm_handover", "opensm_kind", "opensm_partition_memberships",
