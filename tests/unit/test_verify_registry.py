@@ -118,7 +118,9 @@ def test_cli_help_lists_every_check_with_its_help(capsys: pytest.CaptureFixture[
     ("a100-hdr-4node.yaml", ["links", "versions", "pcie", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
     ("h100-ndr-64node-3tier.yaml", ["links", "versions", "pcie", "sm", "cabling", "bandwidth", "gpudirect", "nccl"]),
     ("h100-ndr-8node-2hca.yaml", EVERY),
-    ("h100-ndr-8node.yaml", WITH_USER),
+    # the example names verify.user (memlock) and lists dcgm: dcgm runs after cabling, before the traffic checks
+    ("h100-ndr-8node.yaml", ["links", "versions", "pcie", "sm", "ipoib", "cabling", "dcgm", "bandwidth", "gpudirect",
+                             "nccl", "memlock", "storage"]),
     # no iblinkinfo on RoCE, and no subnet manager: sm no longer goes with links there (it ran and reported nothing)
     ("roce-200g-4node.yaml", ["links", "versions", "pcie", "bandwidth", "gpudirect", "nccl"]),
     ("lab/cluster.yaml", EVERY),
