@@ -8,9 +8,7 @@ Role variables are named after the role that reads them (nvidia_driver_version, 
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, overload
 
 from provisioner.render import ipoib as ipoib_render
@@ -42,12 +40,19 @@ def _spec_relative(cluster: Cluster, p: str) -> str: ...
 def _spec_relative(cluster: Cluster, p: str | None) -> str | None: ...
 def _spec_relative(cluster: Cluster, p: str | None) -> str | None:
     """Resolve a control-node path given in the spec relative to the spec file."""
-    if p is None:
-        return None
-    expanded = os.path.expanduser(p)
-    if os.path.isabs(expanded):
-        return expanded
-    return str(Path(cluster.file).resolve().parent / expanded)
+    return None if p is None else cluster.control_path(p)
+
+
+def _baseline_vars(cluster: Cluster) -> dict[str, Any]:
+    """The node baseline the spec asks for: the MOK DKMS signs with (preflight), the NTP servers (host_tuning)."""
+    sb, time = cluster.spec.secure_boot, cluster.spec.time
+    out: dict[str, Any] = {}
+    if sb is not None:
+        out["preflight_mok_key"] = cluster.control_path(sb.mok_key)
+        out["preflight_mok_cert"] = cluster.control_path(sb.mok_cert)
+    if time is not None:
+        out["host_tuning_ntp_servers"] = list(time.servers)
+    return out
 
 
 def _nccl_env(cluster: Cluster, node: Node) -> dict[str, str]:
@@ -322,6 +327,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
     }
     if key_file:
         allv["ansible_ssh_private_key_file"] = key_file
+    allv.update(_baseline_vars(cluster))
     for name, value in spec.site_vars.items():
         allv[name] = value
     inv.groupvars["all"] = allv

@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import os
 from dataclasses import dataclass, field
+from pathlib import Path as FsPath
 from typing import NamedTuple
 
 from provisioner.safetext import escaped
@@ -119,6 +120,13 @@ class Cluster:
         """The spec file's name as the comments of generated files show it: a file name may hold a newline, which
         would end the comment and make the rest of the name a line of YAML or configuration."""
         return escaped(os.path.basename(self.file))
+
+    def control_path(self, p: str) -> str:
+        """A control-node path given in the spec (a key, known_hosts), resolved relative to the spec file."""
+        expanded = os.path.expanduser(p)
+        if os.path.isabs(expanded):
+            return expanded
+        return str(FsPath(self.file).resolve().parent / expanded)
 
     def node(self, name: str) -> Node:
         for n in self.nodes:

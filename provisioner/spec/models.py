@@ -245,6 +245,22 @@ class Reboot(Strict):
         return v
 
 
+# --- node baseline: Secure Boot, time ---------------------------------------------------------------------------
+class SecureBoot(Strict):
+    mok_key: LocalPath = Field(
+        description="Private key (PEM) on the control node that DKMS signs the kernel modules with (the NVIDIA "
+        "driver, DOCA-OFED): copied to the nodes mode 0600 and named in DKMS's framework.conf.d; never logged.")
+    mok_cert: LocalPath = Field(
+        description="Its certificate (DER, what `mokutil --import` takes) on the control node: on a node booted "
+        "with Secure Boot, preflight stops unless `mokutil --test-key` says it is already enrolled.")
+
+
+class Time(Strict):
+    servers: list[JumpHostName] = Field(
+        min_length=1, description="NTP servers (DNS names or IPv4 addresses) chrony on every node uses, and only "
+        "these: e.g. [ntp1.example.com, 10.0.0.1].")
+
+
 # --- switches --------------------------------------------------------------------------------------------------
 class Credentials(Strict):
     file: LocalPath | None = Field(None, description="YAML file with username/password (mode 0600).")
@@ -536,6 +552,11 @@ class Spec(Strict):
     slurm: Slurm | None = Field(None, description="The Slurm cluster on these nodes (controller, partitions); "
                                 "rolling changes and failover drain and resume nodes through it.")
     spares: Spares | None = Field(None, description="Spare nodes and the failover time budget.")
+    secure_boot: SecureBoot | None = Field(
+        None, description="The Machine Owner Key DKMS signs the kernel modules with, for nodes booted with UEFI "
+        "Secure Boot (the kernel refuses unsigned modules there); preflight reads each node's Secure Boot state.")
+    time: Time | None = Field(None, description="The NTP servers chrony uses on every node; unset: the nodes' own "
+                              "time configuration is left as it is.")
     site_vars: dict[SiteVarName, SiteVarValue] = Field(
         default_factory=dict, description="Site overrides of role tunables (e.g. preflight_gpu_evidence), "
         "rendered into group_vars/all as data (!unsafe); names and string values are pattern-checked, and "

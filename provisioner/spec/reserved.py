@@ -52,7 +52,7 @@ OWNED_VARS = frozenset({
     "nfs_client_rdma_packages", "nfs_server_rdma", "nfs_server_rdma_packages", "nvidia_driver_allow_reboot",
     "opensm_default_partition_ipoib_mtu", "perftest_cuda_enabled", "perftest_cuda_version", "slurm_enabled",
     "slurm_controller", "slurm_controller_address", "slurm_nodes", "slurm_partitions", "slurm_spares", "slurm_failed",
-    "slurm_gres",
+    "slurm_gres", "preflight_mok_key", "preflight_mok_cert", "host_tuning_ntp_servers",
 })
 
 

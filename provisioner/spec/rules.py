@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import itertools
+import os
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -460,6 +461,21 @@ def _repos(c: Cluster, rep: Reporter, r: Rule) -> None:
     if c.spec.software.ofed.flavor != "inbox" and repos.doca is None:
         r.report(rep, ("repositories",), "offline but no doca repository mirror for the OFED stack",
                  "add repositories.doca: {url: ..., key: ...}")
+
+
+@rule("SECURE-BOOT-FILES", "error",
+      "DKMS signs the kernel modules with secure_boot's key and preflight checks its certificate is enrolled: "
+      "both files must exist on the control node, or the run stops at the first node.")
+def _secure_boot_files(c: Cluster, rep: Reporter, r: Rule) -> None:
+    sb = c.spec.secure_boot
+    if sb is None:
+        return
+    for name in ("mok_key", "mok_cert"):
+        given = getattr(sb, name)
+        path = c.control_path(given)
+        if not os.path.isfile(path):
+            r.report(rep, ("secure_boot", name), f"secure_boot.{name} {given} is not a file on the control node "
+                     f"({path})", "give the path of the MOK key and its DER certificate, relative to the spec")
 
 
 @rule("REBOOT-BATCH", "error",
