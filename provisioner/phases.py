@@ -68,7 +68,7 @@ PHASES: tuple[Phase, ...] = (
     Phase("validate", "validate the spec", always=True),
     Phase("render", "render the inventory", always=True),
     Phase("preflight", "preflight checks", "preflight.yml"),
-    Phase("repos", "vendor repositories", "repos.yml"),
+    Phase("repos", "vendor repositories, host baseline", "repos.yml"),
     # OFED before the driver: the driver's DKMS build of nvidia_peermem needs the OFED peer-memory symbols
     Phase("ofed", "DOCA-OFED/MOFED, RoCE QoS", "ofed.yml"),
     Phase("gpu_stack", "driver, CUDA, NCCL, GPUDirect RDMA", "gpu_stack.yml"),
