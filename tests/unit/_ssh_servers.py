@@ -61,6 +61,16 @@ class NodeServer(paramiko.ServerInterface):
             channel.sendall(proc.stdout)
             channel.sendall_stderr(proc.stderr)
             channel.send_exit_status(proc.returncode)
+            # EOF first, close later: this thread may finish before the transport thread has answered the exec
+            # request (paramiko's Channel._handle_request replies after this callback returns), and a channel
+            # closed before that answer fails the client's exec_command with "Channel closed." (seen under load
+            # in CI). The close waits for the client's own EOF or close (paramiko clients) or half a second
+            # (OpenSSH waits for ours), by which time the answer has long gone out.
+            channel.shutdown_write()
+            channel.settimeout(0.5)
+            with contextlib.suppress(OSError, EOFError, paramiko.SSHException):
+                while channel.recv(1024):
+                    pass
             channel.close()
 
         threading.Thread(target=work, daemon=True).start()
