@@ -608,6 +608,23 @@ def serving_partitions(cluster: Cluster, state_dir: Path | None) -> dict[str, st
     return {n: parts[0] for n in serving.in_partitions if (parts := serving.partitions_of(n))}
 
 
+def _run_checks(v: _Verifier, chosen: Sequence[str], lacking: Mapping[str, str], steps: Sequence[registry.Check],
+                mode: str | None) -> None:
+    """Each chosen check in run order (one with nothing to check in this spec could not run), then the port
+    counters read again in the same order: the nodes', then the switches'."""
+    for check in (registry.BY_NAME[name] for name in chosen or lacking):
+        if check.name in lacking:
+            v.checks.append(CheckResult.could_not_run(check.results[0], None, lacking[check.name]))
+            continue
+        v.progress(registry.progress_label(check, v.cluster, mode))
+        _RUN[check.name](v, mode)
+    for check in steps:
+        if check.name in _REREAD:
+            if check.reread_label:
+                v.progress(check.reread_label)
+            _REREAD[check.name](v)
+
+
 def verify(
     cluster: Cluster,
     *,
@@ -649,17 +666,7 @@ def verify(
         if partitions and not include_busy:
             progress("slurm: which nodes run jobs (no traffic is sent to them)")
             v.find_busy([n for n in partitions if n not in v.lost])
-        for check in (registry.BY_NAME[name] for name in chosen or lacking):  # both in run order
-            if check.name in lacking:
-                v.checks.append(CheckResult.could_not_run(check.results[0], None, lacking[check.name]))
-                continue
-            progress(registry.progress_label(check, cluster, mode))
-            _RUN[check.name](v, mode)
-        for check in steps:  # in the same order: the node port counters, then the switch port counters
-            if check.name in _REREAD:
-                if check.reread_label:
-                    progress(check.reread_label)
-                _REREAD[check.name](v)
+        _run_checks(v, chosen, lacking, steps, mode)
     finally:
         if own and isinstance(rem, SshRemote):
             rem.close()

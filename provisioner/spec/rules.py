@@ -150,15 +150,24 @@ def _hca_fabric_rate(c: Cluster, rep: Reporter, r: Rule) -> None:
                          "match the HCA rate to fabric.rate or say why in a comment and accept the warning")
 
 
+def _nccl_floor_inputs(c: Cluster) -> tuple[float, list[Node], float] | None:
+    """The spec's NCCL floor, the GPU compute nodes and what the slowest one's rails carry (GB/s); None when there
+    is no floor or fewer than two such nodes (no multi-node all-reduce to judge)."""
+    floor = c.spec.verify.nccl.min_busbw_gbps
+    compute = [n for n in c.nodes if "compute" in n.roles and n.gpu_count]
+    if floor is None or len(compute) < 2:
+        return None
+    return floor, compute, min(sum(p.rate_gbps for p in n.rail_ports) / 8 for n in compute)
+
+
 @rule("NCCL-FLOOR-UNREACHABLE", "error",
       "Across nodes, ring all-reduce bus bandwidth cannot exceed what a node's rails carry (sum of rail rates "
       "/ 8 in GB/s); a floor above it can never pass and hides the real target.")
 def _nccl_floor(c: Cluster, rep: Reporter, r: Rule) -> None:
-    floor = c.spec.verify.nccl.min_busbw_gbps
-    compute = [n for n in c.nodes if "compute" in n.roles and n.gpu_count]
-    if floor is None or len(compute) < 2:
+    inputs = _nccl_floor_inputs(c)
+    if inputs is None:
         return
-    cap = min(sum(p.rate_gbps for p in n.rail_ports) / 8 for n in compute)
+    floor, _, cap = inputs
     if floor > cap:
         r.report(rep, ("verify", "nccl", "min_busbw_gbps"),
                  f"NCCL floor {floor:g} GB/s is above what the rails carry ({cap:g} GB/s per node)",
@@ -172,11 +181,12 @@ def _nccl_floor(c: Cluster, rep: Reporter, r: Rule) -> None:
 def _nccl_floor_expected(c: Cluster, rep: Reporter, r: Rule) -> None:
     from provisioner.spec.expected import inter_node
 
-    floor = c.spec.verify.nccl.min_busbw_gbps
-    compute = [n for n in c.nodes if "compute" in n.roles and n.gpu_count]
-    want = inter_node(compute) if floor is not None and len(compute) >= 2 else None
-    cap = min((sum(p.rate_gbps for p in n.rail_ports) / 8 for n in compute), default=0.0)
-    if floor is None or want is None or floor <= want.busbw_gbps or floor > cap:
+    inputs = _nccl_floor_inputs(c)
+    if inputs is None:
+        return
+    floor, compute, cap = inputs
+    want = inter_node(compute)
+    if want is None or floor <= want.busbw_gbps or floor > cap:
         return  # above the rails: NCCL-FLOOR-UNREACHABLE says so
     r.report(rep, ("verify", "nccl", "min_busbw_gbps"),
              f"NCCL floor {floor:g} GB/s is above the expected {want.busbw_gbps:g} GB/s ({want.why})",
