@@ -24,7 +24,7 @@ from provisioner.spec import hostlist
 from provisioner.spec.catalog import GPU_MODELS, RATE_NAMES
 from provisioner.spec.cluster import CableX, Cluster, Node, Port, SwitchX
 from provisioner.spec.diagnostics import Diagnostic, Severity, fold
-from provisioner.spec.models import Spec
+from provisioner.spec.models import Cable, NodeGroup, Profile, Spec, Switch
 from provisioner.spec.reserved import ReservedName
 from provisioner.spec.yamlload import Located, Path, load_yaml
 from provisioner.userfile import MAX_USER_FILE_BYTES, read_user_text
@@ -189,216 +189,298 @@ def _schema_diagnostics(exc: ValidationError, rep: _Report, data: Any) -> None:
 
 
 # --- expansion -------------------------------------------------------------------------------------------------
+@dataclass
+class _Seen:
+    """Where each host name, address and GUID was first given: nodes and switches share the names and addresses."""
+
+    names: dict[str, Path] = field(default_factory=dict)
+    addrs: dict[str, Path] = field(default_factory=dict)
+    guids: dict[str, Path] = field(default_factory=dict)
+
+
 def _expand(spec: Spec, rep: _Report) -> Cluster:
     cluster = Cluster(spec=spec, file=rep.file, fabric_rate_gbps=rate_gbps(spec.fabric.rate))
+    profiles_ports = {pname: _expand_profile(spec, pname, prof, cluster.fabric_rate_gbps, rep)
+                      for pname, prof in spec.profiles.items()}
+    seen = _Seen()
+    _expand_nodes(spec, profiles_ports, cluster, seen, rep)
+    _expand_switches(spec, cluster, seen, rep)
+    _expand_cabling(spec, profiles_ports, cluster, rep)
+    from provisioner.spec.ipoib import expand_ipoib
+
+    cluster.ipoib = expand_ipoib(cluster)
+    return cluster
+
+
+def _expand_profile(spec: Spec, pname: str, prof: Profile, fabric_rate: float, rep: _Report) -> list[Port]:
+    """One profile's ports, checked for repeated devices and rails, GPUs it does not have and its GPU model."""
+    ports = _profile_ports(spec, pname, prof, fabric_rate, rep)
+    _check_profile_ports(pname, prof, ports, rep)
+    if prof.gpu and prof.gpu.model not in GPU_MODELS:
+        close = difflib.get_close_matches(prof.gpu.model, list(GPU_MODELS), n=1, cutoff=0.5)
+        rep.add(("profiles", pname, "gpu", "model"), "SPEC-GPU-MODEL",
+                f"unknown GPU model '{prof.gpu.model}'",
+                f"did you mean '{close[0]}'?" if close else f"known: {', '.join(GPU_MODELS)}")
+    return ports
+
+
+def _profile_ports(spec: Spec, pname: str, prof: Profile, fabric_rate: float, rep: _Report) -> list[Port]:
+    """The ports of a profile's HCA entries, each device range expanded, rails numbered on from the last one."""
     default_ll = "ethernet" if spec.fabric.type in ("roce", "ethernet") else "infiniband"
+    ports: list[Port] = []
+    next_rail = 0
+    for hi, hca in enumerate(prof.hcas):
+        path: Path = ("profiles", pname, "hcas", hi)
+        try:
+            devices = hostlist.expand(hca.device, ordered=True)
+        except hostlist.HostlistError as exc:
+            rep.add((*path, "device"), "SPEC-HOSTLIST", str(exc), "write e.g. mlx5_[0-7]")
+            continue
+        netdevs = _netdevs(hca.netdev, len(devices), path, rep)
+        for di, dev in enumerate(devices):
+            many = len(devices) > 1
+            rail = hca.rail + di if hca.rail is not None else (next_rail if hca.purpose == "rail" else None)
+            gpu = (hca.gpu + di if hca.gpu is not None else
+                   (rail if (prof.gpu and hca.purpose == "rail" and rail is not None
+                             and rail < prof.gpu.count) else None))
+            ports.append(Port(
+                device=dev, port=hca.port,
+                rate_gbps=rate_gbps(hca.rate) if hca.rate is not None else fabric_rate,
+                width=hca.width, link_layer=hca.link_layer or default_ll, rail=rail, gpu=gpu,
+                numa=hca.numa, netdev=netdevs[di], pci=None if many else hca.pci,
+                purpose=hca.purpose, path=path))
+            if hca.purpose == "rail" and rail is not None:
+                next_rail = rail + 1
+    return ports
 
-    profiles_ports: dict[str, list[Port]] = {}
-    for pname, prof in spec.profiles.items():
-        ports: list[Port] = []
-        next_rail = 0
-        for hi, hca in enumerate(prof.hcas):
-            path: Path = ("profiles", pname, "hcas", hi)
-            try:
-                devices = hostlist.expand(hca.device, ordered=True)
-            except hostlist.HostlistError as exc:
-                rep.add((*path, "device"), "SPEC-HOSTLIST", str(exc), "write e.g. mlx5_[0-7]")
-                continue
-            netdevs = _netdevs(hca.netdev, len(devices), path, rep)
-            for di, dev in enumerate(devices):
-                many = len(devices) > 1
-                rail = hca.rail + di if hca.rail is not None else (next_rail if hca.purpose == "rail" else None)
-                gpu = (hca.gpu + di if hca.gpu is not None else
-                       (rail if (prof.gpu and hca.purpose == "rail" and rail is not None
-                                 and rail < prof.gpu.count) else None))
-                ports.append(Port(
-                    device=dev, port=hca.port,
-                    rate_gbps=rate_gbps(hca.rate) if hca.rate is not None else cluster.fabric_rate_gbps,
-                    width=hca.width, link_layer=hca.link_layer or default_ll, rail=rail, gpu=gpu,
-                    numa=hca.numa, netdev=netdevs[di], pci=None if many else hca.pci,
-                    purpose=hca.purpose, path=path))
-                if hca.purpose == "rail" and rail is not None:
-                    next_rail = rail + 1
-        seen: dict[tuple[str, int], Port] = {}
-        for p in ports:
-            if (p.device, p.port) in seen:
-                rep.add(p.path, "SPEC-DUP-DEVICE", f"profile '{pname}' lists {p.device} port {p.port} twice",
-                        "each device/port once")
-            seen[(p.device, p.port)] = p
-        rails: dict[int, Port] = {}
-        for p in ports:
-            if p.rail is not None and p.purpose == "rail":
-                if p.rail in rails:
-                    rep.add(p.path, "SPEC-DUP-RAIL",
-                            f"profile '{pname}': {p.device} and {rails[p.rail].device} are both on rail {p.rail}",
-                            "give each rail HCA its own rail index")
-                rails[p.rail] = p
-            if prof.gpu and p.gpu is not None and p.gpu >= prof.gpu.count:
-                rep.add((*p.path, "gpu"), "SPEC-HCA-GPU",
-                        f"{p.device} serves GPU {p.gpu} but profile '{pname}' has {prof.gpu.count} GPUs",
-                        "GPU indexes start at 0")
-        if prof.gpu and prof.gpu.model not in GPU_MODELS:
-            close = difflib.get_close_matches(prof.gpu.model, list(GPU_MODELS), n=1, cutoff=0.5)
-            rep.add(("profiles", pname, "gpu", "model"), "SPEC-GPU-MODEL",
-                    f"unknown GPU model '{prof.gpu.model}'",
-                    f"did you mean '{close[0]}'?" if close else f"known: {', '.join(GPU_MODELS)}")
-        profiles_ports[pname] = ports
 
-    names_seen: dict[str, Path] = {}
-    addrs_seen: dict[str, Path] = {}
-    guids_seen: dict[str, Path] = {}
+def _check_profile_ports(pname: str, prof: Profile, ports: list[Port], rep: _Report) -> None:
+    """A device/port given twice, two rail HCAs on one rail, an HCA serving a GPU the profile does not have."""
+    seen: dict[tuple[str, int], Port] = {}
+    for p in ports:
+        if (p.device, p.port) in seen:
+            rep.add(p.path, "SPEC-DUP-DEVICE", f"profile '{pname}' lists {p.device} port {p.port} twice",
+                    "each device/port once")
+        seen[(p.device, p.port)] = p
+    rails: dict[int, Port] = {}
+    for p in ports:
+        if p.rail is not None and p.purpose == "rail":
+            if p.rail in rails:
+                rep.add(p.path, "SPEC-DUP-RAIL",
+                        f"profile '{pname}': {p.device} and {rails[p.rail].device} are both on rail {p.rail}",
+                        "give each rail HCA its own rail index")
+            rails[p.rail] = p
+        if prof.gpu and p.gpu is not None and p.gpu >= prof.gpu.count:
+            rep.add((*p.path, "gpu"), "SPEC-HCA-GPU",
+                    f"{p.device} serves GPU {p.gpu} but profile '{pname}' has {prof.gpu.count} GPUs",
+                    "GPU indexes start at 0")
+
+
+def _expand_nodes(spec: Spec, profiles_ports: dict[str, list[Port]], cluster: Cluster, seen: _Seen,
+                  rep: _Report) -> None:
     for gi, group in enumerate(spec.nodes):
         path = ("nodes", gi)
-        try:
-            names = hostlist.expand(group.name, ordered=True)
-        except hostlist.HostlistError as exc:
-            rep.add((*path, "name"), "SPEC-HOSTLIST", str(exc), "write e.g. gpu[001-128]")
+        pairs = _node_group_pairs(spec, group, path, rep)
+        if pairs is None:
             continue
-        try:
-            addrs = hostlist.expand(group.address, ordered=True)
-        except hostlist.HostlistError as exc:
-            rep.add((*path, "address"), "SPEC-HOSTLIST", str(exc), "write e.g. 10.0.0.[11-138]")
-            continue
-        if len(names) != len(addrs):
-            rep.add((*path, "address"), "SPEC-RANGE-LENGTH",
-                    f"{len(names)} names but {len(addrs)} addresses",
-                    "name and address ranges expand in step: make them the same length")
-            continue
-        if group.profile not in spec.profiles:
-            close = difflib.get_close_matches(group.profile, list(spec.profiles), n=1)
-            rep.add((*path, "profile"), "SPEC-UNDEFINED-PROFILE", f"profile '{group.profile}' is not defined",
-                    f"did you mean '{close[0]}'?" if close else "define it under profiles:")
-            continue
-        if group.guids and len(names) > 1:
+        if group.guids and len(pairs) > 1:
             rep.add((*path, "guids"), "SPEC-GUIDS-RANGE", "guids can only be given for a single node",
                     "split the node out of the range")
         prof = spec.profiles[group.profile]
         roles, node_ports = tuple(group.roles), tuple(profiles_ports[group.profile])
         profile_devices = {p.device for p in node_ports}
-        for name, addr in zip(names, addrs, strict=True):
-            bad_name = not _valid_hostname(name)
-            if bad_name:
-                rep.add((*path, "name"), "SPEC-HOSTNAME", f"'{name}' is not a valid host name",
-                        "lowercase letters, digits and '-'")
+        for name, addr in pairs:
+            if not _node_name_and_address_ok(name, addr, path, seen, rep):
                 continue
-            if not _valid_ipv4(addr):
-                rep.add((*path, "address"), "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
-                        "write a dotted quad such as 10.0.0.11")
-                continue
-            if name in names_seen:
-                rep.add((*path, "name"), "SPEC-DUP-HOST", f"host '{name}' is defined twice",
-                        f"first at line {_line(rep, names_seen[name])}")
-                continue
-            if addr in addrs_seen:
-                rep.add((*path, "address"), "SPEC-DUP-ADDRESS", f"address {addr} ({name}) is used twice",
-                        f"first at line {_line(rep, addrs_seen[addr])}")
-            names_seen[name] = (*path, "name")
-            addrs_seen[addr] = (*path, "address")
             guids = {k: v.lower() for k, v in (group.guids or {}).items()}
-            for dev, guid in guids.items():
-                if guid in guids_seen:
-                    rep.add((*path, "guids", dev), "SPEC-DUP-GUID", f"GUID {guid} is given twice",
-                            f"first at line {_line(rep, guids_seen[guid])}")
-                guids_seen[guid] = (*path, "guids", dev)
-                if dev not in profile_devices:
-                    rep.add((*path, "guids", dev), "SPEC-UNDEFINED-DEVICE",
-                            f"{dev} is not a device of profile '{group.profile}'", "use a device the profile lists")
+            _check_guids(guids, group.profile, profile_devices, path, seen, rep)
             cluster.nodes.append(Node(
                 name=name, address=addr, profile=group.profile, roles=roles,
                 ports=node_ports,
                 gpu_model=prof.gpu.model if prof.gpu else None, gpu_count=prof.gpu.count if prof.gpu else 0,
                 nvswitch=bool(prof.gpu and prof.gpu.nvswitch), guids=guids, path=path))
 
+
+def _node_group_pairs(spec: Spec, group: NodeGroup, path: Path, rep: _Report) -> list[tuple[str, str]] | None:
+    """A node group's (name, address) pairs; None (reported) when the ranges or the profile are wrong."""
+    try:
+        names = hostlist.expand(group.name, ordered=True)
+    except hostlist.HostlistError as exc:
+        rep.add((*path, "name"), "SPEC-HOSTLIST", str(exc), "write e.g. gpu[001-128]")
+        return None
+    try:
+        addrs = hostlist.expand(group.address, ordered=True)
+    except hostlist.HostlistError as exc:
+        rep.add((*path, "address"), "SPEC-HOSTLIST", str(exc), "write e.g. 10.0.0.[11-138]")
+        return None
+    if len(names) != len(addrs):
+        rep.add((*path, "address"), "SPEC-RANGE-LENGTH",
+                f"{len(names)} names but {len(addrs)} addresses",
+                "name and address ranges expand in step: make them the same length")
+        return None
+    if group.profile not in spec.profiles:
+        close = difflib.get_close_matches(group.profile, list(spec.profiles), n=1)
+        rep.add((*path, "profile"), "SPEC-UNDEFINED-PROFILE", f"profile '{group.profile}' is not defined",
+                f"did you mean '{close[0]}'?" if close else "define it under profiles:")
+        return None
+    return list(zip(names, addrs, strict=True))
+
+
+def _node_name_and_address_ok(name: str, addr: str, path: Path, seen: _Seen, rep: _Report) -> bool:
+    """False (reported) for a bad or repeated name or a bad address; a repeated address is reported, kept."""
+    if not _valid_hostname(name):
+        rep.add((*path, "name"), "SPEC-HOSTNAME", f"'{name}' is not a valid host name",
+                "lowercase letters, digits and '-'")
+        return False
+    if not _valid_ipv4(addr):
+        rep.add((*path, "address"), "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
+                "write a dotted quad such as 10.0.0.11")
+        return False
+    if name in seen.names:
+        rep.add((*path, "name"), "SPEC-DUP-HOST", f"host '{name}' is defined twice",
+                f"first at line {_line(rep, seen.names[name])}")
+        return False
+    if addr in seen.addrs:
+        rep.add((*path, "address"), "SPEC-DUP-ADDRESS", f"address {addr} ({name}) is used twice",
+                f"first at line {_line(rep, seen.addrs[addr])}")
+    seen.names[name] = (*path, "name")
+    seen.addrs[addr] = (*path, "address")
+    return True
+
+
+def _check_guids(guids: dict[str, str], profile: str, profile_devices: set[str], path: Path, seen: _Seen,
+                 rep: _Report) -> None:
+    for dev, guid in guids.items():
+        if guid in seen.guids:
+            rep.add((*path, "guids", dev), "SPEC-DUP-GUID", f"GUID {guid} is given twice",
+                    f"first at line {_line(rep, seen.guids[guid])}")
+        seen.guids[guid] = (*path, "guids", dev)
+        if dev not in profile_devices:
+            rep.add((*path, "guids", dev), "SPEC-UNDEFINED-DEVICE",
+                    f"{dev} is not a device of profile '{profile}'", "use a device the profile lists")
+
+
+def _expand_switches(spec: Spec, cluster: Cluster, seen: _Seen, rep: _Report) -> None:
     sw_seen: dict[str, Path] = {}
     for si, sw in enumerate(spec.switches):
         path = ("switches", si)
-        try:
-            names = hostlist.expand(sw.name, ordered=True)
-            sw_addrs: list[str | None] = (list(hostlist.expand(sw.address, ordered=True)) if sw.address
-                                          else [None] * len(names))
-        except hostlist.HostlistError as exc:
-            rep.add(path, "SPEC-HOSTLIST", str(exc), "write e.g. leaf[01-04]")
-            continue
-        if len(sw_addrs) != len(names):
-            rep.add((*path, "address"), "SPEC-RANGE-LENGTH", f"{len(names)} names but {len(sw_addrs)} addresses",
-                    "make the ranges the same length")
-            continue
-        for name, sw_addr in zip(names, sw_addrs, strict=True):
+        pairs = _switch_pairs(sw, path, rep)
+        for name, sw_addr in pairs or []:
             if not _valid_hostname(name):
                 rep.add((*path, "name"), "SPEC-HOSTNAME", f"'{name}' is not a valid switch name",
                         "lowercase letters, digits and '-'")
                 continue
-            if name in sw_seen or name in names_seen:
+            if name in sw_seen or name in seen.names:
                 rep.add((*path, "name"), "SPEC-DUP-HOST", f"name '{name}' is used twice", "names are unique")
                 continue
             if sw_addr is not None:
                 if not _valid_ipv4(sw_addr):
                     rep.add((*path, "address"), "SPEC-ADDRESS", f"'{sw_addr}' is not an IPv4 address", "")
-                elif sw_addr in addrs_seen:
+                elif sw_addr in seen.addrs:
                     rep.add((*path, "address"), "SPEC-DUP-ADDRESS", f"address {sw_addr} ({name}) is used twice",
-                            f"first at line {_line(rep, addrs_seen[sw_addr])}")
-                addrs_seen.setdefault(sw_addr, (*path, "address"))
+                            f"first at line {_line(rep, seen.addrs[sw_addr])}")
+                seen.addrs.setdefault(sw_addr, (*path, "address"))
             sw_seen[name] = path
             cluster.switches.append(SwitchX(
                 name=name, address=sw_addr, tier=sw.tier, ports=sw.ports, uplinks=sw.uplinks,
                 uplink_rate_gbps=rate_gbps(sw.uplink_rate) if sw.uplink_rate is not None else cluster.fabric_rate_gbps,
                 device_type=sw.device_type, embedded_sm=sw.embedded_sm, path=path))
 
-    node_by_name = {n.name: n for n in cluster.nodes}
-    devices_of = {pname: {p.device for p in ports} for pname, ports in profiles_ports.items()}
-    switch_by_name = {s.name: s for s in cluster.switches}
-    used_ports: dict[tuple[str, int], Path] = {}
+
+def _switch_pairs(sw: Switch, path: Path, rep: _Report) -> list[tuple[str, str | None]] | None:
+    """A switch entry's (name, address or None) pairs; None (reported) when the ranges are wrong."""
+    try:
+        names = hostlist.expand(sw.name, ordered=True)
+        sw_addrs: list[str | None] = (list(hostlist.expand(sw.address, ordered=True)) if sw.address
+                                      else [None] * len(names))
+    except hostlist.HostlistError as exc:
+        rep.add(path, "SPEC-HOSTLIST", str(exc), "write e.g. leaf[01-04]")
+        return None
+    if len(sw_addrs) != len(names):
+        rep.add((*path, "address"), "SPEC-RANGE-LENGTH", f"{len(names)} names but {len(sw_addrs)} addresses",
+                "make the ranges the same length")
+        return None
+    return list(zip(names, sw_addrs, strict=True))
+
+
+@dataclass
+class _Cabling:
+    """What the cabling entries are checked against, and the switch ports already cabled."""
+
+    node_by_name: dict[str, Node]
+    devices_of: dict[str, set[str]]
+    switch_by_name: dict[str, SwitchX]
+    used_ports: dict[tuple[str, int], Path] = field(default_factory=dict)
+
+
+def _expand_cabling(spec: Spec, profiles_ports: dict[str, list[Port]], cluster: Cluster, rep: _Report) -> None:
+    known = _Cabling(node_by_name={n.name: n for n in cluster.nodes},
+                     devices_of={pname: {p.device for p in ports} for pname, ports in profiles_ports.items()},
+                     switch_by_name={s.name: s for s in cluster.switches})
     for ci, cab in enumerate(spec.fabric.topology.cabling):
         path = ("fabric", "topology", "cabling", ci)
-        try:
-            cnodes = hostlist.expand(cab.nodes, ordered=True)
-            body = cab.ports if cab.ports.startswith("[") else f"[{cab.ports}]"
-            cports = [int(p) for p in hostlist.expand(body, ordered=True)]
-        except (hostlist.HostlistError, ValueError) as exc:
-            rep.add(path, "SPEC-HOSTLIST", str(exc), "write nodes: gpu[01-16], ports: 1-16")
+        parsed = _cable_entry(cab, path, known, rep)
+        if parsed is None:
             continue
-        if len(cnodes) != len(cports):
-            rep.add((*path, "ports"), "SPEC-RANGE-LENGTH", f"{len(cnodes)} nodes but {len(cports)} switch ports",
-                    "one switch port per node")
-            continue
-        if cab.switch not in switch_by_name:
-            close = difflib.get_close_matches(cab.switch, list(switch_by_name), n=1)
-            rep.add((*path, "switch"), "SPEC-UNDEFINED-SWITCH", f"switch '{cab.switch}' is not defined",
-                    f"did you mean '{close[0]}'?" if close else "define it under switches:")
-            continue
-        leaf = switch_by_name[cab.switch]
+        cnodes, cports, leaf = parsed
         ports_path = (*path, "ports")
         keys = [(leaf.name, sport) for sport in cports]
-        if (all(n in node_by_name and cab.hca in devices_of[node_by_name[n].profile] for n in cnodes)
-                and max(cports) <= leaf.ports and used_ports.keys().isdisjoint(keys) and len(set(keys)) == len(keys)):
+        if (all(n in known.node_by_name and cab.hca in known.devices_of[known.node_by_name[n].profile]
+                for n in cnodes)
+                and max(cports) <= leaf.ports and known.used_ports.keys().isdisjoint(keys)
+                and len(set(keys)) == len(keys)):
             # the usual line: every cable fine, added at once (the loop below finds what is wrong with the others)
-            used_ports.update(dict.fromkeys(keys, ports_path))
+            known.used_ports.update(dict.fromkeys(keys, ports_path))
             cluster.cables.extend([CableX(n, cab.hca, leaf.name, p, path) for n, p in zip(cnodes, cports, strict=True)])
             continue
         for nname, sport in zip(cnodes, cports, strict=True):
-            if nname not in node_by_name:
-                rep.add((*path, "nodes"), "SPEC-UNDEFINED-NODE", f"node '{nname}' is not defined",
-                        "cable only nodes listed under nodes:")
-                continue
-            if cab.hca not in devices_of[node_by_name[nname].profile]:
-                rep.add((*path, "hca"), "SPEC-UNDEFINED-DEVICE",
-                        f"{nname} has no device {cab.hca} in its profile", "use a device of the profile")
-                continue
-            if sport > leaf.ports:
-                rep.add((*path, "ports"), "SPEC-SWITCH-PORT", f"{leaf.name} has {leaf.ports} ports, not {sport}",
-                        "check the port numbers")
-                continue
-            key = (leaf.name, sport)
-            if key in used_ports:
-                rep.add(ports_path, "SPEC-DUP-CABLE", f"{leaf.name} port {sport} is cabled twice",
-                        f"first at line {_line(rep, used_ports[key])}")
-                continue
-            used_ports[key] = ports_path
-            cluster.cables.append(CableX(nname, cab.hca, leaf.name, sport, path))
-    from provisioner.spec.ipoib import expand_ipoib
+            if _cable_ok(cab, nname, sport, leaf, path, known, rep):
+                known.used_ports[(leaf.name, sport)] = ports_path
+                cluster.cables.append(CableX(nname, cab.hca, leaf.name, sport, path))
 
-    cluster.ipoib = expand_ipoib(cluster)
-    return cluster
+
+def _cable_entry(cab: Cable, path: Path, known: _Cabling, rep: _Report) -> tuple[list[str], list[int], SwitchX] | None:
+    """A cabling entry's nodes, switch ports and switch; None (reported) when the ranges or the switch are wrong."""
+    try:
+        cnodes = hostlist.expand(cab.nodes, ordered=True)
+        body = cab.ports if cab.ports.startswith("[") else f"[{cab.ports}]"
+        cports = [int(p) for p in hostlist.expand(body, ordered=True)]
+    except (hostlist.HostlistError, ValueError) as exc:
+        rep.add(path, "SPEC-HOSTLIST", str(exc), "write nodes: gpu[01-16], ports: 1-16")
+        return None
+    if len(cnodes) != len(cports):
+        rep.add((*path, "ports"), "SPEC-RANGE-LENGTH", f"{len(cnodes)} nodes but {len(cports)} switch ports",
+                "one switch port per node")
+        return None
+    if cab.switch not in known.switch_by_name:
+        close = difflib.get_close_matches(cab.switch, list(known.switch_by_name), n=1)
+        rep.add((*path, "switch"), "SPEC-UNDEFINED-SWITCH", f"switch '{cab.switch}' is not defined",
+                f"did you mean '{close[0]}'?" if close else "define it under switches:")
+        return None
+    return list(cnodes), cports, known.switch_by_name[cab.switch]
+
+
+def _cable_ok(cab: Cable, nname: str, sport: int, leaf: SwitchX, path: Path, known: _Cabling,
+              rep: _Report) -> bool:
+    """One cable of an entry that is not fine as a whole: False (reported) for what is wrong with it."""
+    if nname not in known.node_by_name:
+        rep.add((*path, "nodes"), "SPEC-UNDEFINED-NODE", f"node '{nname}' is not defined",
+                "cable only nodes listed under nodes:")
+        return False
+    if cab.hca not in known.devices_of[known.node_by_name[nname].profile]:
+        rep.add((*path, "hca"), "SPEC-UNDEFINED-DEVICE",
+                f"{nname} has no device {cab.hca} in its profile", "use a device of the profile")
+        return False
+    if sport > leaf.ports:
+        rep.add((*path, "ports"), "SPEC-SWITCH-PORT", f"{leaf.name} has {leaf.ports} ports, not {sport}",
+                "check the port numbers")
+        return False
+    key = (leaf.name, sport)
+    if key in known.used_ports:
+        rep.add((*path, "ports"), "SPEC-DUP-CABLE", f"{leaf.name} port {sport} is cabled twice",
+                f"first at line {_line(rep, known.used_ports[key])}")
+        return False
+    return True
 
 
 _NETDEV = re.compile(r"^[A-Za-z0-9_.:-]{1,15}$")
