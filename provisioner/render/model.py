@@ -28,6 +28,9 @@ class Inventory:
     hostvars: dict[str, dict[str, Any]] = field(default_factory=dict)
     groupvars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
+    def add(self, group: str, host: str) -> None:
+        self.groups.setdefault(group, []).append(host)
+
 
 @functools.lru_cache(maxsize=65536)
 def _group_name(raw: str) -> str:
@@ -152,32 +155,55 @@ def play_vars(cluster: Cluster) -> dict[str, Any]:
 def build_inventory(cluster: Cluster) -> Inventory:
     spec = cluster.spec
     inv = Inventory()
-    all_hosts = [n.name for n in cluster.nodes]
+    _node_groups(cluster, inv)
+    nfs_by_host = _nfs_mounts_by_host(cluster, inv)
+    exports_by_host: dict[str, list[dict[str, Any]]] = {}
+    for e in spec.storage.nfs.exports:
+        exports_by_host.setdefault(e.server, []).append({
+            "path": e.path, "clients": e.clients, "options": list(e.options), "implementation": e.implementation})
+    lustre_by_host = _lustre_mounts_by_host(cluster, inv)
+    group_mtus = ipoib_render.ipoib_group_mtus(cluster)
+    partitions = _partitions(cluster, group_mtus)
+    _profile_group_vars(cluster, inv)
+    storage = {"nfs_client_mounts": nfs_by_host, "nfs_server_exports": exports_by_host,
+               "lustre_client_mounts": lustre_by_host}
+    _host_vars(cluster, inv, storage, partitions)
+    for part_vars in partitions:
+        del part_vars["member_set"]
+    inv.groupvars["all"] = _all_vars(cluster, inv, partitions, group_mtus)
 
-    def add(group: str, host: str) -> None:
-        inv.groups.setdefault(group, []).append(host)
+    order = {h: i for i, h in enumerate(n.name for n in cluster.nodes)}
+    for g in inv.groups:
+        inv.groups[g] = sorted(set(inv.groups[g]), key=order.__getitem__)
+    inv.groups = dict(sorted(inv.groups.items()))
+    return inv
 
+
+def _node_groups(cluster: Cluster, inv: Inventory) -> None:
+    """The groups a node is in by its spec entry: roles, profile, rails, GPUs, NVSwitch, InfiniBand, leaf switch."""
     for n in cluster.nodes:
         for role in n.roles:
-            add(role, n.name)
-        add(f"profile_{_group_name(n.profile)}", n.name)
+            inv.add(role, n.name)
+        inv.add(f"profile_{_group_name(n.profile)}", n.name)
         for p in n.rail_ports:
             if p.rail is not None:
-                add(f"rail_{p.rail}", n.name)
+                inv.add(f"rail_{p.rail}", n.name)
         if n.gpu_count:
-            add("gpu_nodes", n.name)
+            inv.add("gpu_nodes", n.name)
         if n.nvswitch:
-            add("nvswitch_nodes", n.name)
+            inv.add("nvswitch_nodes", n.name)
         if any(p.link_layer == "infiniband" for p in n.ports):
-            add("ib_nodes", n.name)
+            inv.add("ib_nodes", n.name)
     tiers = {s.name: s.tier for s in cluster.switches}
     for cab in cluster.cables:
         if tiers.get(cab.switch) == "leaf":
-            add(f"leaf_{_group_name(cab.switch)}", cab.node)
+            inv.add(f"leaf_{_group_name(cab.switch)}", cab.node)
 
-    # storage clients
+
+def _nfs_mounts_by_host(cluster: Cluster, inv: Inventory) -> dict[str, list[dict[str, Any]]]:
+    """Each NFS client's mounts (the nfs_clients group)."""
     nfs_by_host: dict[str, list[dict[str, Any]]] = {}
-    for m in spec.storage.nfs.mounts:
+    for m in cluster.spec.storage.nfs.mounts:
         clients = members(m.on, cluster)
         server = nfs_server_address(cluster, m, clients)  # IPoIB for RDMA: RDMA-CM resolves it
         for h in clients:
@@ -185,25 +211,27 @@ def build_inventory(cluster: Cluster) -> Inventory:
                 "server": server, "server_name": m.server, "export": m.export,
                 "path": m.mount, "transport": m.transport, "version": m.version, "nconnect": m.nconnect,
                 "options": list(m.options), "automount": m.automount, "owner": m.owner, "mode": m.mode})
-            add("nfs_clients", h)
-    exports_by_host: dict[str, list[dict[str, Any]]] = {}
-    for e in spec.storage.nfs.exports:
-        exports_by_host.setdefault(e.server, []).append({
-            "path": e.path, "clients": e.clients, "options": list(e.options), "implementation": e.implementation})
+            inv.add("nfs_clients", h)
+    return nfs_by_host
+
+
+def _lustre_mounts_by_host(cluster: Cluster, inv: Inventory) -> dict[str, list[dict[str, Any]]]:
+    """Each Lustre client's mounts (the lustre_clients group)."""
     lustre_by_host: dict[str, list[dict[str, Any]]] = {}
-    for lm in spec.storage.lustre:
+    for lm in cluster.spec.storage.lustre:
         for h in members(lm.on, cluster):
             lustre_by_host.setdefault(h, []).append({
                 "fsname": lm.fsname, "mgs": list(lm.mgs), "path": lm.mount,
                 "lnet": ipoib_render.lustre_lnet(cluster, lm, h),
                 "options": list(lm.options)})
-            add("lustre_clients", h)
+            inv.add("lustre_clients", h)
+    return lustre_by_host
 
-    sm = spec.fabric.subnet_manager
-    sm_nodes = {s.node: s for s in (sm.nodes if sm else [])}
+
+def _partitions(cluster: Cluster, group_mtus: dict[str | None, int]) -> list[dict[str, Any]]:
+    """opensm's partitions; each keeps its member_set for the host vars until build_inventory drops it."""
     partitions: list[dict[str, Any]] = []
-    group_mtus = ipoib_render.ipoib_group_mtus(cluster)
-    for part in spec.fabric.partitions:
+    for part in cluster.spec.fabric.partitions:
         full = part.membership == "full" if part.membership else bool(part.pkey & 0x8000)
         partitions.append({
             "name": part.name, "pkey": f"{part.pkey & 0x7FFF:#06x}", "membership": "full" if full else "limited",
@@ -211,8 +239,12 @@ def build_inventory(cluster: Cluster) -> Inventory:
             "member_set": set(members(part.members, cluster))})
         if part.name in group_mtus:  # datagram IPoIB above 2044 bytes needs a 4096-byte IPoIB group
             partitions[-1]["ipoib_mtu"] = group_mtus[part.name]
+    return partitions
 
-    # What every node of a profile shares goes to group_vars/profile_<name>.yml (small host_vars, fast renders).
+
+def _profile_group_vars(cluster: Cluster, inv: Inventory) -> None:
+    """What every node of a profile shares goes to group_vars/profile_<name>.yml (small host_vars, fast renders)."""
+    spec = cluster.spec
     for pname in sorted({n.profile for n in cluster.nodes}):
         n = next(x for x in cluster.nodes if x.profile == pname)
         inv.groupvars[f"profile_{_group_name(pname)}"] = {
@@ -236,18 +268,22 @@ def build_inventory(cluster: Cluster) -> Inventory:
             **_roce_profile_vars(cluster, n),
         }
 
+
+def _host_vars(cluster: Cluster, inv: Inventory, storage: dict[str, dict[str, list[dict[str, Any]]]],
+               partitions: list[dict[str, Any]]) -> None:
+    """Each node's own variables (the empty optional ones left out), its ipoib_nodes and opensm groups."""
+    sm = cluster.spec.fabric.subnet_manager
+    sm_nodes = {s.node: s for s in (sm.nodes if sm else [])}
     ipoib_ifs = ipoib_render.ipoib_interfaces(cluster)
     rdma_servers = ipoib_render.nfs_rdma_servers(cluster)
     for n in cluster.nodes:
         if n.name in ipoib_ifs:
-            add("ipoib_nodes", n.name)
+            inv.add("ipoib_nodes", n.name)
         hv: dict[str, Any] = {"ansible_host": n.address, "provisioner_profile": n.profile,
                               "provisioner_roles": list(n.roles)}
         optional: dict[str, Any] = {
             "provisioner_known_guids": dict(sorted(n.guids.items())),
-            "nfs_client_mounts": nfs_by_host.get(n.name, []),
-            "nfs_server_exports": exports_by_host.get(n.name, []),
-            "lustre_client_mounts": lustre_by_host.get(n.name, []),
+            **{name: by_host.get(n.name, []) for name, by_host in storage.items()},
             "opensm_partition_memberships": [p["name"] for p in partitions if n.name in p["member_set"]],
             "nccl_ib_pkey": nccl_pkey(cluster, n),
             "ipoib_interfaces": ipoib_ifs.get(n.name, []),
@@ -260,41 +296,24 @@ def build_inventory(cluster: Cluster) -> Inventory:
             hv["opensm_priority"] = s.priority
             hv["opensm_device"] = s.device or (ib[0].device if ib else None)
             hv["opensm_port"] = next((p.port for p in ib if p.device == hv["opensm_device"]), 1)
-            add("opensm", n.name)
+            inv.add("opensm", n.name)
         inv.hostvars[n.name] = hv
-    for part_vars in partitions:
-        del part_vars["member_set"]
 
+
+def _all_vars(cluster: Cluster, inv: Inventory, partitions: list[dict[str, Any]],
+              group_mtus: dict[str | None, int]) -> dict[str, Any]:
+    """group_vars/all: connection, cluster, repositories, software pins, opensm, verify, RoCE, Slurm, baseline,
+    then the spec's site_vars."""
+    spec = cluster.spec
     key_file = _spec_relative(cluster, spec.ssh.key)
-    known_hosts = _spec_relative(cluster, spec.ssh.known_hosts)
-    jump = spec.ssh.jump
-    ssh_args = ssh_common_args(known_hosts=known_hosts, key=key_file,
-                               jump=Hop(jump.host, jump.user or spec.ssh.user, jump.port) if jump else None)
-    repos = spec.repositories
-    # Only what the spec asks for: no engines and no AR leaves the build's default (NVIDIA's opensm: ar_updn).
-    engines = (sm.routing_engines if sm and sm.routing_engines else
-               (["ar_updn"] if sm and sm.adaptive_routing else []))
     allv: dict[str, Any] = {
-        "ansible_user": spec.ssh.user,
-        "ansible_port": spec.ssh.port,
-        "ansible_ssh_common_args": ssh_args,
-        "provisioner_known_hosts": known_hosts,
-        "ansible_python_interpreter": "/usr/bin/python3",
+        **_connection_vars(cluster, key_file),
         "provisioner_cluster": spec.cluster.name,
         "provisioner_os": spec.cluster.os,
         "provisioner_os_codename": OS_CODENAMES[spec.cluster.os],
         "provisioner_fabric_type": spec.fabric.type,
         "provisioner_fabric_rate_gbps": cluster.fabric_rate_gbps,
-        "vendor_repos_offline": repos.offline,
-        "vendor_repos_cuda": ({"url": repos.cuda.url, "key": _spec_relative(cluster, repos.cuda.key),
-                               "suite": repos.cuda.suite or "/", "components": list(repos.cuda.components)}
-                              if repos.cuda else None),
-        "vendor_repos_doca": ({"url": repos.doca.url, "key": _spec_relative(cluster, repos.doca.key),
-                               "suite": repos.doca.suite or "/", "components": list(repos.doca.components)}
-                              if repos.doca else None),
-        "vendor_repos_os": ({"url": repos.os.url, "key": _spec_relative(cluster, repos.os.key),
-                             "suite": repos.os.suite or OS_CODENAMES[spec.cluster.os],
-                             "components": list(repos.os.components)} if repos.os else None),
+        **_repository_vars(cluster),
         "nvidia_driver_version": spec.software.driver.version,
         "nvidia_driver_branch": spec.software.driver.branch,
         "nvidia_driver_kernel_modules": spec.software.driver.kernel_modules,
@@ -312,14 +331,7 @@ def build_inventory(cluster: Cluster) -> Inventory:
         "lustre_client_built_against_ofed": ipoib_render.built_against_ofed(spec),
         "nfs_server_rdma_packages": ipoib_render.nfs_rdma_packages(spec),
         "nfs_client_rdma_packages": ipoib_render.nfs_rdma_packages(spec),
-        "opensm_kind": sm.kind if sm else None,
-        "opensm_build": sm.build if sm else None,
-        "opensm_routing_engines": engines,
-        "opensm_adaptive_routing": bool(sm and sm.adaptive_routing),
-        "opensm_handover": bool(sm and sm.handover),
-        "opensm_partitions": partitions,
-        "opensm_default_partition_ipoib_mtu": group_mtus.get(None, 0),
-        "opensm_default_partition": spec.fabric.default_partition,
+        **_opensm_vars(cluster, partitions, group_mtus),
         "provisioner_roce": spec.fabric.roce.model_dump() if spec.fabric.roce else None,
         "provisioner_verify": spec.verify.model_dump(),
         **_roce_vars(cluster),
@@ -330,11 +342,59 @@ def build_inventory(cluster: Cluster) -> Inventory:
     allv.update(_baseline_vars(cluster))
     for name, value in spec.site_vars.items():
         allv[name] = value
-    inv.groupvars["all"] = allv
+    return allv
 
-    order = {h: i for i, h in enumerate(all_hosts)}
-    for g in inv.groups:
-        inv.groups[g] = sorted(set(inv.groups[g]), key=order.__getitem__)
-    inv.groups = dict(sorted(inv.groups.items()))
-    return inv
+
+def _connection_vars(cluster: Cluster, key_file: str | None) -> dict[str, Any]:
+    """How Ansible reaches the nodes: user, port, the SSH options (known_hosts, key, jump host), the interpreter."""
+    spec = cluster.spec
+    known_hosts = _spec_relative(cluster, spec.ssh.known_hosts)
+    jump = spec.ssh.jump
+    ssh_args = ssh_common_args(known_hosts=known_hosts, key=key_file,
+                               jump=Hop(jump.host, jump.user or spec.ssh.user, jump.port) if jump else None)
+    return {
+        "ansible_user": spec.ssh.user,
+        "ansible_port": spec.ssh.port,
+        "ansible_ssh_common_args": ssh_args,
+        "provisioner_known_hosts": known_hosts,
+        "ansible_python_interpreter": "/usr/bin/python3",
+    }
+
+
+def _repository_vars(cluster: Cluster) -> dict[str, Any]:
+    """vendor_repos' settings: offline, and the CUDA, DOCA and OS repositories the spec names (None otherwise)."""
+    spec = cluster.spec
+    repos = spec.repositories
+    return {
+        "vendor_repos_offline": repos.offline,
+        "vendor_repos_cuda": ({"url": repos.cuda.url, "key": _spec_relative(cluster, repos.cuda.key),
+                               "suite": repos.cuda.suite or "/", "components": list(repos.cuda.components)}
+                              if repos.cuda else None),
+        "vendor_repos_doca": ({"url": repos.doca.url, "key": _spec_relative(cluster, repos.doca.key),
+                               "suite": repos.doca.suite or "/", "components": list(repos.doca.components)}
+                              if repos.doca else None),
+        "vendor_repos_os": ({"url": repos.os.url, "key": _spec_relative(cluster, repos.os.key),
+                             "suite": repos.os.suite or OS_CODENAMES[spec.cluster.os],
+                             "components": list(repos.os.components)} if repos.os else None),
+    }
+
+
+def _opensm_vars(cluster: Cluster, partitions: list[dict[str, Any]],
+                 group_mtus: dict[str | None, int]) -> dict[str, Any]:
+    """The opensm role's cluster-wide settings: kind, build, routing, handover, partitions."""
+    spec = cluster.spec
+    sm = spec.fabric.subnet_manager
+    # Only what the spec asks for: no engines and no AR leaves the build's default (NVIDIA's opensm: ar_updn).
+    engines = (sm.routing_engines if sm and sm.routing_engines else
+               (["ar_updn"] if sm and sm.adaptive_routing else []))
+    return {
+        "opensm_kind": sm.kind if sm else None,
+        "opensm_build": sm.build if sm else None,
+        "opensm_routing_engines": engines,
+        "opensm_adaptive_routing": bool(sm and sm.adaptive_routing),
+        "opensm_handover": bool(sm and sm.handover),
+        "opensm_partitions": partitions,
+        "opensm_default_partition_ipoib_mtu": group_mtus.get(None, 0),
+        "opensm_default_partition": spec.fabric.default_partition,
+    }
 
