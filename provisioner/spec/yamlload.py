@@ -189,51 +189,70 @@ def _explained_syntax_error(exc: yaml.MarkedYAMLError, text: str) -> YamlProblem
 
 def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
     """Parse `text`; return the located data (None when unreadable) and every problem found."""
-    problems: list[YamlProblem] = []
+    root, problem = _compose(text)
+    if problem is not None:
+        return None, [problem]
+    if root is None:
+        return None, [YamlProblem("YAML-EMPTY", Mark(1, 1), "the file is empty",
+                                  "start from one of the files in examples/")]
+    builder = _Builder(file)
+    try:
+        builder.located.data = builder.build(root, ())
+    except _Limit as exc:
+        # an alias node carries the anchor's position: name the key that holds the use instead
+        located = builder.located
+        keyed = next((exc.path[:i] for i in range(len(exc.path), 0, -1) if exc.path[:i] in located.key_marks), ())
+        mark = located.key_marks[keyed] if keyed else located.mark(exc.path)
+        builder.problems.append(YamlProblem(exc.rule, mark, exc.message, exc.hint))
+        return None, builder.problems
+    return builder.located, builder.problems
+
+
+def _compose(text: str) -> tuple[Node | None, YamlProblem | None]:
+    """The document's node tree (None for an empty file), or the one problem that stops reading it."""
     loader: _Loader | None = None
     try:
         check_depth(text)
         loader = _Loader(text)
-        root = loader.get_single_node()
+        return loader.get_single_node(), None
     except _TooDeep as exc:
         m = exc.problem_mark
         mark = Mark(m.line + 1, m.column + 1) if m else Mark(1, 1)
-        problems.append(YamlProblem("YAML-DEPTH", mark, exc.problem or "the document nests too deeply",
-                                    "flatten it: a cluster spec needs only a few levels"))
-        return None, problems
+        return None, YamlProblem("YAML-DEPTH", mark, exc.problem or "the document nests too deeply",
+                                 "flatten it: a cluster spec needs only a few levels")
     except yaml.MarkedYAMLError as exc:
-        problems.append(_explained_syntax_error(exc, text))
-        return None, problems
+        return None, _explained_syntax_error(exc, text)
     except yaml.reader.ReaderError as exc:
         before = text[: exc.position]
         mark = Mark(before.count("\n") + 1, exc.position - (before.rfind("\n") + 1) + 1)
         char = chr(exc.character) if isinstance(exc.character, int) else exc.character  # libyaml gives the code
-        problems.append(YamlProblem("YAML-SYNTAX", mark, f"character {char!r} is not allowed in YAML",
-                                    "remove it (binary data or a wrong encoding?)"))
-        return None, problems
+        return None, YamlProblem("YAML-SYNTAX", mark, f"character {char!r} is not allowed in YAML",
+                                 "remove it (binary data or a wrong encoding?)")
     except yaml.YAMLError as exc:
         what = " ".join(str(exc).split())
-        problems.append(YamlProblem("YAML-SYNTAX", Mark(1, 1), f"YAML error: {what}", "check the file is YAML"))
-        return None, problems
+        return None, YamlProblem("YAML-SYNTAX", Mark(1, 1), f"YAML error: {what}", "check the file is YAML")
     finally:
         if loader is not None:
             loader.dispose()
-    if root is None:
-        problems.append(YamlProblem("YAML-EMPTY", Mark(1, 1), "the file is empty",
-                                    "start from one of the files in examples/"))
-        return None, problems
 
-    located = Located(data=None, file=file)
-    constructor = _Loader("")
-    counts = {"values": 0, "alias_uses": 0, "alias_values": 0, "chars": 0}
-    seen: set[int] = set()       # nodes built once: meeting one again is an alias (or merge key) expanding
-    building: set[int] = set()   # nodes on the current path: meeting one of them is a recursive alias
-    alias_depth = 0
-    alias_at: Path = ()          # where the outermost alias being expanded is used (its key is reported)
 
-    def count(node: Node, path: Path) -> None:
+class _Builder:
+    """Builds the located data from the node tree, counting what aliases expand to against the limits."""
+
+    def __init__(self, file: str) -> None:
+        self.located = Located(data=None, file=file)
+        self.problems: list[YamlProblem] = []
+        self.constructor = _Loader("")
+        self.counts = {"values": 0, "alias_uses": 0, "alias_values": 0, "chars": 0}
+        self.seen: set[int] = set()      # nodes built once: meeting one again is an alias (or merge key) expanding
+        self.building: set[int] = set()  # nodes on the current path: meeting one of them is a recursive alias
+        self.alias_depth = 0
+        self.alias_at: Path = ()         # where the outermost alias being expanded is used (its key is reported)
+
+    def count(self, node: Node, path: Path) -> None:
+        counts = self.counts
         counts["values"] += 1
-        if alias_depth:
+        if self.alias_depth:
             counts["alias_values"] += 1
         if isinstance(node, ScalarNode):
             counts["chars"] += len(node.value)
@@ -242,88 +261,81 @@ def load_yaml(text: str, file: str) -> tuple[Located | None, list[YamlProblem]]:
                          "a cluster spec is far smaller: use hostlist ranges (gpu[001-128])")
         hint = "write the values out; a spec needs few aliases"
         if counts["alias_uses"] > MAX_ALIAS_USES:
-            raise _Limit(alias_at, "YAML-ALIAS", f"more than {MAX_ALIAS_USES} aliases are expanded", hint)
+            raise _Limit(self.alias_at, "YAML-ALIAS", f"more than {MAX_ALIAS_USES} aliases are expanded", hint)
         if counts["alias_values"] > MAX_ALIAS_VALUES:
-            raise _Limit(alias_at, "YAML-ALIAS", f"aliases expand to more than {MAX_ALIAS_VALUES} values", hint)
+            raise _Limit(self.alias_at, "YAML-ALIAS", f"aliases expand to more than {MAX_ALIAS_VALUES} values", hint)
         if counts["chars"] > MAX_SCALAR_CHARS:
-            raise _Limit(alias_at or path, "YAML-ALIAS", f"the values built exceed {MAX_SCALAR_CHARS} characters",
+            raise _Limit(self.alias_at or path, "YAML-ALIAS",
+                         f"the values built exceed {MAX_SCALAR_CHARS} characters",
                          "aliases of long strings expand each time they are used")
 
-    def build(node: Node, path: Path) -> Any:
-        nonlocal alias_depth, alias_at
-        if id(node) in building:
+    def build(self, node: Node, path: Path) -> Any:
+        if id(node) in self.building:
             raise _Limit(path, "YAML-ALIAS", "an alias refers to a collection that contains it",
                          "a recursive structure cannot be a spec value")
-        reused = id(node) in seen
+        reused = id(node) in self.seen
         if reused:
-            counts["alias_uses"] += 1
-            if alias_depth == 0:
-                alias_at = path
-            alias_depth += 1
-        seen.add(id(node))
-        building.add(id(node))
+            self.counts["alias_uses"] += 1
+            if self.alias_depth == 0:
+                self.alias_at = path
+            self.alias_depth += 1
+        self.seen.add(id(node))
+        self.building.add(id(node))
         try:
-            count(node, path)
-            return build_node(node, path)
+            self.count(node, path)
+            return self.build_node(node, path)
         finally:
-            building.discard(id(node))
+            self.building.discard(id(node))
             if reused:
-                alias_depth -= 1
+                self.alias_depth -= 1
 
-    def build_node(node: Node, path: Path) -> Any:
-        located.marks[path] = _mark(node)
+    def build_node(self, node: Node, path: Path) -> Any:
+        self.located.marks[path] = _mark(node)
         if isinstance(node, MappingNode):
-            try:
-                constructor.flatten_mapping(node)
-            except yaml.MarkedYAMLError as exc:
-                problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot merge: {exc.problem}",
-                                            "'<<' takes a mapping or a list of mappings"))
-                return {}
-            out: dict[str, Any] = {}
-            for knode, vnode in node.value:
-                if not isinstance(knode, ScalarNode):
-                    problems.append(YamlProblem("YAML-KEY", _mark(knode), "a mapping key must be a plain name",
-                                                "use a string key"))
-                    continue
-                key = _scalar(knode)
-                if not isinstance(key, str):
-                    key = str(key)
-                if key in out:
-                    first = located.key_marks.get((*path, key), Mark(0, 0))
-                    problems.append(YamlProblem(
-                        "YAML-DUPLICATE-KEY", _mark(knode),
-                        f"duplicate key '{key}' (first at line {first.line})",
-                        "remove one of them: YAML would silently keep only the last"))
-                    continue
-                located.key_marks[(*path, key)] = _mark(knode)
-                out[key] = build(vnode, (*path, key))
-            return out
+            return self.mapping(node, path)
         if isinstance(node, SequenceNode):
-            return [build(item, (*path, i)) for i, item in enumerate(node.value)]
-        return _scalar(node)
+            return [self.build(item, (*path, i)) for i, item in enumerate(node.value)]
+        return self.scalar(node)
 
-    def _scalar(node: Node) -> Any:
+    def mapping(self, node: MappingNode, path: Path) -> dict[str, Any]:
+        try:
+            self.constructor.flatten_mapping(node)
+        except yaml.MarkedYAMLError as exc:
+            self.problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot merge: {exc.problem}",
+                                             "'<<' takes a mapping or a list of mappings"))
+            return {}
+        out: dict[str, Any] = {}
+        for knode, vnode in node.value:
+            if not isinstance(knode, ScalarNode):
+                self.problems.append(YamlProblem("YAML-KEY", _mark(knode), "a mapping key must be a plain name",
+                                                 "use a string key"))
+                continue
+            key = self.scalar(knode)
+            if not isinstance(key, str):
+                key = str(key)
+            if key in out:
+                first = self.located.key_marks.get((*path, key), Mark(0, 0))
+                self.problems.append(YamlProblem(
+                    "YAML-DUPLICATE-KEY", _mark(knode),
+                    f"duplicate key '{key}' (first at line {first.line})",
+                    "remove one of them: YAML would silently keep only the last"))
+                continue
+            self.located.key_marks[(*path, key)] = _mark(knode)
+            out[key] = self.build(vnode, (*path, key))
+        return out
+
+    def scalar(self, node: Node) -> Any:
         if node.tag == "tag:yaml.org,2002:str":  # what construct_yaml_str returns, without its call chain
             return node.value
         if node.tag in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float") and len(node.value) > MAX_NUMBER_CHARS:
-            problems.append(YamlProblem("YAML-VALUE", _mark(node),
-                                        f"a number of {len(node.value)} characters is too large",
-                                        "quote it if it is text"))
+            self.problems.append(YamlProblem("YAML-VALUE", _mark(node),
+                                             f"a number of {len(node.value)} characters is too large",
+                                             "quote it if it is text"))
             return None
         try:
-            return constructor.construct_object(node, deep=True)
+            return self.constructor.construct_object(node, deep=True)
         except Exception as exc:
             what = exc.problem if isinstance(exc, yaml.MarkedYAMLError) else f"{type(exc).__name__}: {exc}"
-            problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot read value: {what}",
-                                        "quote the value"))
+            self.problems.append(YamlProblem("YAML-VALUE", _mark(node), f"cannot read value: {what}",
+                                             "quote the value"))
             return None
-
-    try:
-        located.data = build(root, ())
-    except _Limit as exc:
-        # an alias node carries the anchor's position: name the key that holds the use instead
-        keyed = next((exc.path[:i] for i in range(len(exc.path), 0, -1) if exc.path[:i] in located.key_marks), ())
-        mark = located.key_marks[keyed] if keyed else located.mark(exc.path)
-        problems.append(YamlProblem(exc.rule, mark, exc.message, exc.hint))
-        return None, problems
-    return located, problems
