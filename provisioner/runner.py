@@ -497,8 +497,6 @@ def run_playbook(
     secret: they end up on the command line. Artifacts go to `private_data_dir/artifacts/<ident>`.
     `event_handler` sees each event (already redacted) as it arrives.
     """
-    import ansible_runner
-
     playbook = Path(playbook).resolve()
     require_playbook(playbook)
     roles_path = roles_path or roles_dir()
@@ -508,22 +506,67 @@ def run_playbook(
     pdd = Path(private_data_dir).resolve()
     sdir = ansible_state_dir(Path(state_dir) if state_dir is not None else pdd)  # refused before anything is made
     secret_files = [Path(v) for v in secret_files]
-    secret_set: set[str] = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
-    for vf in secret_files:
-        secret_set |= read_secret_file(vf)
-    frozen = frozenset(secret_set)
+    frozen = _secret_values(secrets, secret_files)
     _check_extravars(extravars or {}, frozen)
 
     n_forks = forks or DEFAULT_FORKS
+    facts_dir, cfg = _prepare_private_data(pdd, sdir, n_forks, roles_path)
+    tally = HostTally()
+    limit_s = limit if isinstance(limit, str) or limit is None else ",".join(limit)
+    tags_s = tags if isinstance(tags, str) or tags is None else ",".join(tags)
+    if limit_s == "":
+        raise UsageError("empty --limit: no host to run on")
+    kwargs: dict[str, Any] = {
+        "private_data_dir": str(pdd),
+        "project_dir": str(playbook.parent),
+        "playbook": str(playbook),
+        "inventory": str(inventory),
+        "ident": ident,
+        "envvars": _run_env(cfg, roles_path),
+        "extravars": dict(extravars or {}),
+        "suppress_env_files": True,
+        "quiet": True,
+        "event_handler": _event_sink(frozen, tally, event_handler),
+        "fact_cache_type": "jsonfile",
+        "fact_cache": str(sdir / "facts"),  # absolute: runner joins it onto the artifact dir
+        "forks": n_forks,
+        "settings": {"suppress_ansible_output": True},
+    }
+    cmdline = build_cmdline(check=check, diff=diff, secret_files=secret_files, vault_password_file=vault_password_file)
+    kwargs.update({k: v for k, v in {"limit": limit_s, "tags": tags_s, "cmdline": cmdline, "timeout": timeout}.items()
+                   if v})
+    r, artifact_dir = _run_interruptibly(kwargs, playbook, pdd, frozen, facts_dir)
+    error = None
+    if not tally.saw_stats and r.status != "successful":
+        error = _tail(artifact_dir / "stdout") or f"ansible-playbook ended {r.status} (rc {r.rc})"
+    return PlaybookResult(playbook=playbook.name, status=str(r.status), rc=int(r.rc if r.rc is not None else -1),
+                          hosts=tally.hosts, artifact_dir=artifact_dir, error=error)
+
+
+def _secret_values(secrets: Iterable[str], secret_files: list[Path]) -> frozenset[str]:
+    """The values to redact: those given (long enough to be secrets) and every value of the secrets files."""
+    secret_set: set[str] = {s for s in secrets if len(s) >= MIN_SECRET_LEN}
+    for vf in secret_files:
+        secret_set |= read_secret_file(vf)
+    return frozenset(secret_set)
+
+
+def _prepare_private_data(pdd: Path, sdir: Path, forks: int, roles_path: Path) -> tuple[Path, Path]:
+    """The private data dir, the private facts cache, the SSH control path dir and the run's ansible.cfg."""
     pdd.mkdir(parents=True, exist_ok=True, mode=0o700)
     facts_dir = private_dir(sdir / "facts")  # node facts: the operator's only (the cache writes its files 0644)
     make_files_private(facts_dir)
     cp_dir = control_path_dir(sdir)
     cp_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     cfg = pdd / "ansible.cfg"
-    cfg.write_text(render_ansible_cfg(ansible_settings(sdir, forks=n_forks, roles_path=roles_path)),
+    cfg.write_text(render_ansible_cfg(ansible_settings(sdir, forks=forks, roles_path=roles_path)),
                    encoding="utf-8")
-    envvars = {
+    return facts_dir, cfg
+
+
+def _run_env(cfg: Path, roles_path: Path) -> dict[str, str]:
+    """The environment of ansible-playbook: our config, host key checking on, our roles and collections."""
+    return {
         "ANSIBLE_CONFIG": str(cfg),
         "ANSIBLE_HOST_KEY_CHECKING": "True",  # ansible-runner defaults it to False when unset
         "ANSIBLE_ROLES_PATH": str(roles_path),
@@ -533,7 +576,10 @@ def run_playbook(
         **collections_path_env(os.environ),
     }
 
-    tally = HostTally()
+
+def _event_sink(frozen: frozenset[str], tally: HostTally,
+                event_handler: EventHandler | None) -> Callable[[dict[str, Any]], bool]:
+    """runner's event handler: redact the event in place, tally it per host, hand it on."""
 
     def on_event(event: dict[str, Any]) -> bool:
         if frozen:
@@ -545,40 +591,19 @@ def run_playbook(
             event_handler(event)
         return True
 
-    limit_s = limit if isinstance(limit, str) or limit is None else ",".join(limit)
-    tags_s = tags if isinstance(tags, str) or tags is None else ",".join(tags)
-    if limit_s == "":
-        raise UsageError("empty --limit: no host to run on")
-    cmdline = build_cmdline(check=check, diff=diff, secret_files=secret_files, vault_password_file=vault_password_file)
-    kwargs: dict[str, Any] = {
-        "private_data_dir": str(pdd),
-        "project_dir": str(playbook.parent),
-        "playbook": str(playbook),
-        "inventory": str(inventory),
-        "ident": ident,
-        "envvars": envvars,
-        "extravars": dict(extravars or {}),
-        "suppress_env_files": True,
-        "quiet": True,
-        "event_handler": on_event,
-        "fact_cache_type": "jsonfile",
-        "fact_cache": str(sdir / "facts"),  # absolute: runner joins it onto the artifact dir
-        "forks": n_forks,
-        "settings": {"suppress_ansible_output": True},
-    }
-    if limit_s:
-        kwargs["limit"] = limit_s
-    if tags_s:
-        kwargs["tags"] = tags_s
-    if cmdline:
-        kwargs["cmdline"] = cmdline
-    if timeout:
-        kwargs["timeout"] = timeout
+    return on_event
+
+
+def _run_interruptibly(kwargs: dict[str, Any], playbook: Path, pdd: Path, frozen: frozenset[str],
+                       facts_dir: Path) -> tuple[Any, Path]:
+    """ansible_runner.run under our interrupt handling; the artifacts scrubbed of secrets, the facts private."""
+    import ansible_runner
+
     # Our own cancel callback: without one, ansible-runner installs SIGINT/SIGTERM handlers of its own and
     # leaves them behind, which swallowed every later Ctrl-C (provisioner.interrupt). Checked each second.
     kwargs["cancel_callback"] = interrupt.cancel_requested
     kwargs["settings"]["pexpect_timeout"] = 1
-    expected_artifacts = pdd / "artifacts" / ident
+    expected_artifacts = pdd / "artifacts" / kwargs["ident"]
 
     def scrub_now(_signum: int) -> None:  # a second Ctrl-C exits at once: no secret may stay behind
         scrub_artifacts(expected_artifacts, frozen)
@@ -594,11 +619,7 @@ def run_playbook(
         if interrupt.requested() is not None:  # interrupted while it ran: ansible-playbook was stopped
             interrupt.kill_run_processes(pdd)  # and nothing it started (a worker's module process) lives on
             interrupt.check()
-    error = None
-    if not tally.saw_stats and r.status != "successful":
-        error = _tail(artifact_dir / "stdout") or f"ansible-playbook ended {r.status} (rc {r.rc})"
-    return PlaybookResult(playbook=playbook.name, status=str(r.status), rc=int(r.rc if r.rc is not None else -1),
-                          hosts=tally.hosts, artifact_dir=artifact_dir, error=error)
+    return r, artifact_dir
 
 
 def _tail(path: Path, lines: int = 8) -> str:
