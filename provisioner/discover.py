@@ -29,7 +29,7 @@ import ipaddress
 import re
 import socket
 from collections import Counter, defaultdict
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -499,85 +499,17 @@ class Draft:
 def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name: str, ssh: Mapping[str, Any]) -> Draft:
     """The spec YAML for what ``nodes`` and ``fabric`` reported."""
     todo: list[str] = []
-    skipped = [f"{n.host}: {n.unreachable}" for n in nodes if n.unreachable]
-    live = [n for n in nodes if not n.unreachable and n.name]
-    if not live:
-        raise UsageError("no node answered the probe: nothing to draft", hint="; ".join(skipped[:3]))
-    dup = [name for name, c in Counter(n.name for n in live).items() if c > 1]
-    if dup:
-        raise UsageError(f"several hosts report the same hostname: {', '.join(sorted(str(d) for d in dup))}")
-    ib_rates = [h.rate_gbps for n in live for h in n.hcas if h.link_layer == "infiniband" and h.rate_gbps]
-    eth_rates = [h.rate_gbps for n in live for h in n.hcas if h.link_layer == "ethernet" and h.rate_gbps]
-    fabric_type = "infiniband" if ib_rates or not eth_rates else "roce"
-    rates = ib_rates if fabric_type == "infiniband" else eth_rates
-    fabric_rate = Counter(rates).most_common(1)[0][0] if rates else 400.0
-    if not rates:
-        todo.append("fabric.rate: no port reported a rate")
-
-    # profiles: one per hardware kind, named after it
-    kinds: dict[_Kind, list[NodeFacts]] = defaultdict(list)
-    for n in live:
-        kinds[_kind(n)].append(n)
-    prof_name: dict[_Kind, str] = {}
-    for kind in sorted(kinds, key=lambda k: (-k.gpu_count, hostlist.compress([n.name or "" for n in kinds[k]]))):
-        base = (f"{(kind.gpu_key or 'gpu').split('-')[0].lower()}x{kind.gpu_count}" if kind.gpu_count
-                else f"svc{len(kind.hcas)}")
-        name, i = base, 2
-        while name in prof_name.values():
-            name, i = f"{base}-{i}", i + 1
-        prof_name[kind] = name
+    live, skipped = _answered(nodes)
+    fabric_type, fabric_rate = _fabric_type_and_rate(live, todo)
+    kinds, prof_name = _profiles(live)
     sm_nodes = _sm_nodes(live, fabric.sms)
-    # OS and versions
-    os_value, os_note = _uniform({n.name or n.host: n.os for n in live})
-    os_name = os_value or "ubuntu-22.04"
-    if not os_value:
-        todo.append("cluster.os: no node runs a supported OS (ubuntu-22.04, ubuntu-24.04, debian-12)")
-    place = PLACEHOLDERS_2404 if os_name == "ubuntu-24.04" else PLACEHOLDERS
-    by_name = {n.name or n.host: n for n in live}
-    driver, driver_note = _uniform({k: n.gpus[0]["driver_version"] for k, n in by_name.items() if n.gpus})
-    cuda, cuda_note = _uniform({k: _version_from(n.packages, "cuda-toolkit") for k, n in by_name.items()
-                                if n.gpus})
-    nccl, nccl_note = _uniform({k: _version_from(n.packages, "libnccl2") for k, n in by_name.items() if n.gpus})
-    ofed_ver, ofed_note = _uniform({k: (f"{n.ofed['flavor']} {n.ofed['version']}" if n.ofed else None)
-                                    for k, n in by_name.items()})
-    _, kernel_note = _uniform({k: n.kernel for k, n in by_name.items()})
-
-    out: list[str] = [
-        f"# Drafted by `provision discover` from {len(live)} node(s)"
-        + (f" and ibnetdiscover on {fabric.source}" if fabric.source else "") + ".",
-        "# Review it before use: lines marked TODO could not be discovered. Validate with `provision validate`.",
-        f"cluster: {{name: {cluster_name}, os: {os_name}}}  # os: {os_note}",
-        f"# kernel: {kernel_note}",
-        f"ssh: {{user: {ssh['user']}, known_hosts: {ssh['known_hosts']}"
-        + (f", key: {ssh['key']}" if ssh.get("key") else "") + (f", port: {ssh['port']}" if ssh['port'] != 22 else "")
-        + _jump_yaml(ssh.get("jump")) + "}",
-        "",
-        "software:",
-    ]
-    out += _pin("  driver: {version: \"%s\"}", driver, place["driver"], f"driver: {driver_note}", todo, "driver")
-    out += _pin('  cuda: "%s"', cuda, place["cuda"], f"cuda-toolkit: {cuda_note}", todo, "cuda")
-    out += _pin('  nccl: "%s"', nccl, place["nccl"], f"libnccl2: {nccl_note}", todo, "nccl")
-    out += _ofed_lines(ofed_ver, ofed_note, todo)
-    fm = sorted({v for n in live for p, v in n.packages.items() if p.startswith("nvidia-fabricmanager")})
-    if fm:
-        out.append(f"  # nvidia-fabricmanager installed: {printable(', '.join(fm), 160)}")
-    out += ["", "# TODO repositories: not discovered (the nodes' apt sources are not read). Name your mirrors and",
-            "# set offline: true for an air-gapped site.", "repositories: {offline: false}", "", "profiles:"]
-    todo.append("repositories: name the package mirrors")
+    out = _head_lines(live, fabric, cluster_name, ssh, todo)
     for kind, name in prof_name.items():
         out += _profile_yaml(name, kind, fabric_rate)
-    out += ["", "nodes:"]
-    for kind, name in prof_name.items():
-        for is_sm in (False, True):
-            members = [n for n in kinds[kind] if (n.name in sm_nodes) == is_sm]
-            roles = (["compute"] if kind.gpu_count else []) + (["subnet_manager"] if is_sm else [])
-            role_text = f", roles: [{', '.join(roles)}]" if roles and roles != ["compute"] else ""
-            for names, addrs in _runs([(n.name or "", n.address) for n in members]):
-                out.append(f'  - {{name: "{hostlist.compress(names)}", address: "{hostlist.compress(addrs)}", '
-                           f"profile: {name}{role_text}}}")
+    out += ["", "nodes:", *_node_lines(kinds, prof_name, sm_nodes)]
     out.append("# TODO roles: only subnet managers are discovered; mark login, nfs_server, storage, management nodes")
     out += _unread_lines(live, skipped, todo)
-    switches, cabling = _switch_lines(fabric, set(by_name), todo)
+    switches, cabling = _switch_lines(fabric, {n.name or n.host for n in live}, todo)
     out += ["", *switches, "", "fabric:", f"  type: {fabric_type}", f"  rate: {_rate_text(fabric_rate)}"]
     kind_text = "rail_optimized" if _multi_rail(fabric) else "fat_tree"
     out += ["  topology:", f"    kind: {kind_text}"]
@@ -590,6 +522,108 @@ def draft_spec(nodes: Sequence[NodeFacts], fabric: FabricFacts, *, cluster_name:
         todo.append("fabric.roce: PFC/ECN settings are a placeholder")
     out += ["", "# TODO partitions, storage (NFS, Lustre) and verify thresholds are not discovered."]
     return Draft("\n".join(out) + "\n", todo, len(live), len(fabric.switches), len(fabric.cables), skipped)
+
+
+def _answered(nodes: Sequence[NodeFacts]) -> tuple[list[NodeFacts], list[str]]:
+    """The nodes that answered with a hostname and a line per node that did not; refused when none did or two
+    report one hostname."""
+    skipped = [f"{n.host}: {n.unreachable}" for n in nodes if n.unreachable]
+    live = [n for n in nodes if not n.unreachable and n.name]
+    if not live:
+        raise UsageError("no node answered the probe: nothing to draft", hint="; ".join(skipped[:3]))
+    dup = [name for name, c in Counter(n.name for n in live).items() if c > 1]
+    if dup:
+        raise UsageError(f"several hosts report the same hostname: {', '.join(sorted(str(d) for d in dup))}")
+    return live, skipped
+
+
+def _fabric_type_and_rate(live: Sequence[NodeFacts], todo: list[str]) -> tuple[str, float]:
+    """InfiniBand unless only Ethernet ports report a rate; the rate most ports report."""
+    ib_rates = [h.rate_gbps for n in live for h in n.hcas if h.link_layer == "infiniband" and h.rate_gbps]
+    eth_rates = [h.rate_gbps for n in live for h in n.hcas if h.link_layer == "ethernet" and h.rate_gbps]
+    fabric_type = "infiniband" if ib_rates or not eth_rates else "roce"
+    rates = ib_rates if fabric_type == "infiniband" else eth_rates
+    fabric_rate = Counter(rates).most_common(1)[0][0] if rates else 400.0
+    if not rates:
+        todo.append("fabric.rate: no port reported a rate")
+    return fabric_type, fabric_rate
+
+
+def _profiles(live: Sequence[NodeFacts]) -> tuple[dict[_Kind, list[NodeFacts]], dict[_Kind, str]]:
+    """The nodes of each hardware kind, and each kind's profile name (named after it, the most GPUs first)."""
+    kinds: dict[_Kind, list[NodeFacts]] = defaultdict(list)
+    for n in live:
+        kinds[_kind(n)].append(n)
+    prof_name: dict[_Kind, str] = {}
+    for kind in sorted(kinds, key=lambda k: (-k.gpu_count, hostlist.compress([n.name or "" for n in kinds[k]]))):
+        base = (f"{(kind.gpu_key or 'gpu').split('-')[0].lower()}x{kind.gpu_count}" if kind.gpu_count
+                else f"svc{len(kind.hcas)}")
+        name, i = base, 2
+        while name in prof_name.values():
+            name, i = f"{base}-{i}", i + 1
+        prof_name[kind] = name
+    return kinds, prof_name
+
+
+def _head_lines(live: Sequence[NodeFacts], fabric: FabricFacts, cluster_name: str, ssh: Mapping[str, Any],
+                todo: list[str]) -> list[str]:
+    """The draft up to ``profiles:``: the header, cluster (OS), ssh, the software pins, repositories."""
+    os_value, os_note = _uniform({n.name or n.host: n.os for n in live})
+    os_name = os_value or "ubuntu-22.04"
+    if not os_value:
+        todo.append("cluster.os: no node runs a supported OS (ubuntu-22.04, ubuntu-24.04, debian-12)")
+    _, kernel_note = _uniform({n.name or n.host: n.kernel for n in live})
+    out: list[str] = [
+        f"# Drafted by `provision discover` from {len(live)} node(s)"
+        + (f" and ibnetdiscover on {fabric.source}" if fabric.source else "") + ".",
+        "# Review it before use: lines marked TODO could not be discovered. Validate with `provision validate`.",
+        f"cluster: {{name: {cluster_name}, os: {os_name}}}  # os: {os_note}",
+        f"# kernel: {kernel_note}",
+        f"ssh: {{user: {ssh['user']}, known_hosts: {ssh['known_hosts']}"
+        + (f", key: {ssh['key']}" if ssh.get("key") else "") + (f", port: {ssh['port']}" if ssh['port'] != 22 else "")
+        + _jump_yaml(ssh.get("jump")) + "}",
+        "",
+        "software:",
+    ]
+    out += _software_lines(live, PLACEHOLDERS_2404 if os_name == "ubuntu-24.04" else PLACEHOLDERS, todo)
+    out += ["", "# TODO repositories: not discovered (the nodes' apt sources are not read). Name your mirrors and",
+            "# set offline: true for an air-gapped site.", "repositories: {offline: false}", "", "profiles:"]
+    todo.append("repositories: name the package mirrors")
+    return out
+
+
+def _software_lines(live: Sequence[NodeFacts], place: Mapping[str, str], todo: list[str]) -> list[str]:
+    """The software pins the nodes agree on (placeholders and a TODO where they do not), and fabric manager."""
+    by_name = {n.name or n.host: n for n in live}
+    driver, driver_note = _uniform({k: n.gpus[0]["driver_version"] for k, n in by_name.items() if n.gpus})
+    cuda, cuda_note = _uniform({k: _version_from(n.packages, "cuda-toolkit") for k, n in by_name.items()
+                                if n.gpus})
+    nccl, nccl_note = _uniform({k: _version_from(n.packages, "libnccl2") for k, n in by_name.items() if n.gpus})
+    ofed_ver, ofed_note = _uniform({k: (f"{n.ofed['flavor']} {n.ofed['version']}" if n.ofed else None)
+                                    for k, n in by_name.items()})
+    out = _pin("  driver: {version: \"%s\"}", driver, place["driver"], f"driver: {driver_note}", todo, "driver")
+    out += _pin('  cuda: "%s"', cuda, place["cuda"], f"cuda-toolkit: {cuda_note}", todo, "cuda")
+    out += _pin('  nccl: "%s"', nccl, place["nccl"], f"libnccl2: {nccl_note}", todo, "nccl")
+    out += _ofed_lines(ofed_ver, ofed_note, todo)
+    fm = sorted({v for n in live for p, v in n.packages.items() if p.startswith("nvidia-fabricmanager")})
+    if fm:
+        out.append(f"  # nvidia-fabricmanager installed: {printable(', '.join(fm), 160)}")
+    return out
+
+
+def _node_lines(kinds: Mapping[_Kind, list[NodeFacts]], prof_name: Mapping[_Kind, str],
+                sm_nodes: Collection[str]) -> list[str]:
+    """``nodes:`` entries: per profile the others then the subnet managers, each run of names as one range."""
+    out: list[str] = []
+    for kind, name in prof_name.items():
+        for is_sm in (False, True):
+            members = [n for n in kinds[kind] if (n.name in sm_nodes) == is_sm]
+            roles = (["compute"] if kind.gpu_count else []) + (["subnet_manager"] if is_sm else [])
+            role_text = f", roles: [{', '.join(roles)}]" if roles and roles != ["compute"] else ""
+            for names, addrs in _runs([(n.name or "", n.address) for n in members]):
+                out.append(f'  - {{name: "{hostlist.compress(names)}", address: "{hostlist.compress(addrs)}", '
+                           f"profile: {name}{role_text}}}")
+    return out
 
 
 def _unread_lines(live: Sequence[NodeFacts], skipped: Sequence[str], todo: list[str]) -> list[str]:
