@@ -17,6 +17,7 @@ linux-rdma/perftest).
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Any
 
 from provisioner.errors import ParseError
@@ -151,54 +152,10 @@ def parse_perftest(text: str) -> dict[str, Any]:
         if any(_is_latency_header(line) for line in lines):
             raise ParseError("perftest: this is a latency test (ib_*_lat); only bandwidth tests are parsed")
         raise ParseError("perftest: no 'BW Test' header, '#bytes' table or perftest error line; not ib_*_bw output")
-    test: str | None = None
-    bidirectional = False
-    device: str | None = None
-    unit: str | None = None
-    cuda_device: int | None = None
-    results: list[dict[str, Any]] = []
-    errors: list[str] = []
-    warnings: list[str] = []
+    scan = _PerftestScan()
     for line in lines:
-        m = _TEST_RE.match(line)
-        if m:
-            test = m.group("verb")
-            bidirectional = m.group("bidir") is not None
-            continue
-        m = _COLS_RE.match(line)
-        if m:
-            unit = m.group(2)
-            continue
-        if unit is not None:
-            r = _ROW_RE.match(line)
-            if r:
-                peak, avg = float(r.group(3)), float(r.group(4))
-                results.append(
-                    {
-                        "bytes": int(r.group(1)),
-                        "iterations": int(r.group(2)),
-                        "bw_peak_gbps": _to_gbps(peak, unit),
-                        "bw_avg_gbps": _to_gbps(avg, unit),
-                        "msg_rate_mpps": to_float(r.group(5)),
-                    }
-                )
-                continue
-        if device is None:
-            d = _DEVICE_RE.search(line)
-            if d:
-                device = d.group(1)
-        c = _CUDA_DEV_RE.search(line)
-        if c and cuda_device is None:
-            cuda_device = to_int(c.group(1) or c.group(2) or c.group(3))
-        stripped = line.strip()
-        if stripped.startswith(_NOT_ERRORS):
-            if not stripped.startswith("Perftest doesn't supports CUDA"):
-                warnings.append(stripped)
-            continue
-        if stripped.startswith(("#", "-")):
-            continue
-        if _is_perftest_error(stripped) or _ERROR_RE.search(stripped) or stripped.startswith("ERRNO:"):
-            errors.append(stripped)
+        scan.feed(line)
+    results, errors, cuda_device = scan.results, scan.errors, scan.cuda_device
     gpudirect = bool(_CUDA_MARK_RE.search(text))
     if gpudirect and cuda_device is None and "picking first" in text:
         cuda_device = 0
@@ -216,17 +173,77 @@ def parse_perftest(text: str) -> dict[str, Any]:
         "tool": "perftest",
         "ok": error is None,
         "role": role,
-        "test": test,
-        "program": _PROGRAMS.get(test) if test else None,
-        "bidirectional": bidirectional,
-        "device": device,
+        "test": scan.test,
+        "program": _PROGRAMS.get(scan.test) if scan.test else None,
+        "bidirectional": scan.bidirectional,
+        "device": scan.device,
         "gpudirect": gpudirect,
         "cuda_device": cuda_device,
         "results": results,
         "bw_avg_gbps": largest["bw_avg_gbps"] if largest else None,
         "error": error,
         "errors": errors,
-        "warnings": warnings,
+        "warnings": scan.warnings,
+    }
+
+
+@dataclass
+class _PerftestScan:
+    """What the lines of one perftest side say, read one line at a time."""
+
+    test: str | None = None
+    bidirectional: bool = False
+    device: str | None = None
+    unit: str | None = None
+    cuda_device: int | None = None
+    results: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+    def feed(self, line: str) -> None:
+        m = _TEST_RE.match(line)
+        if m:
+            self.test = m.group("verb")
+            self.bidirectional = m.group("bidir") is not None
+            return
+        m = _COLS_RE.match(line)
+        if m:
+            self.unit = m.group(2)
+            return
+        if self.unit is not None:
+            r = _ROW_RE.match(line)
+            if r:
+                self.results.append(_result_row(r, self.unit))
+                return
+        if self.device is None:
+            d = _DEVICE_RE.search(line)
+            if d:
+                self.device = d.group(1)
+        c = _CUDA_DEV_RE.search(line)
+        if c and self.cuda_device is None:
+            self.cuda_device = to_int(c.group(1) or c.group(2) or c.group(3))
+        self._note(line.strip())
+
+    def _note(self, stripped: str) -> None:
+        """A warning perftest printed, or an error line."""
+        if stripped.startswith(_NOT_ERRORS):
+            if not stripped.startswith("Perftest doesn't supports CUDA"):
+                self.warnings.append(stripped)
+            return
+        if stripped.startswith(("#", "-")):
+            return
+        if _is_perftest_error(stripped) or _ERROR_RE.search(stripped) or stripped.startswith("ERRNO:"):
+            self.errors.append(stripped)
+
+
+def _result_row(r: re.Match[str], unit: str) -> dict[str, Any]:
+    peak, avg = float(r.group(3)), float(r.group(4))
+    return {
+        "bytes": int(r.group(1)),
+        "iterations": int(r.group(2)),
+        "bw_peak_gbps": _to_gbps(peak, unit),
+        "bw_avg_gbps": _to_gbps(avg, unit),
+        "msg_rate_mpps": to_float(r.group(5)),
     }
 
 
