@@ -20,7 +20,7 @@ from provisioner.errors import ProvisionerError, SpecInvalid
 from provisioner.fabric import registry as check_registry
 from provisioner.interrupt import Interrupted
 from provisioner.safetext import escaped, printable
-from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
+from provisioner.spec import Cluster, Diagnostic, load_cluster, load_spec, load_text
 from provisioner.state import state_dir_for
 
 EPILOG = """\b
@@ -155,8 +155,8 @@ def parse_cmd(
     out.print_json(json.dumps(parse(tool, text), sort_keys=True))
 
 
-def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dict[str, Any]:
-    """The verify and report phases of a run, as Python steps of the run engine."""
+def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
+    """The verify and report phases of a run, as Python steps of the run engine (on the run's loaded spec)."""
     from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
     from provisioner.replace import subset
     from provisioner.report.model import nccl_line
@@ -166,11 +166,10 @@ def _verify_steps(spec: Path, overlay: Path | None, out_dir: Path | None) -> dic
     last: dict[str, Any] = {}
 
     def verify_step(ctx: StepContext) -> StepOutcome:
-        cluster, _ = load_cluster(spec, overlay)
         # only the hosts this phase runs on (set-aside ones would cost an SSH timeout per probe and their
         # findings are dropped anyway), plus the SM/NFS server nodes the fabric and storage checks need
-        keep = set(ctx.hosts) | {n.name for n in cluster.nodes if set(n.roles) & set(CRITICAL_ROLES)}
-        cluster = subset(cluster, [n.name for n in cluster.nodes if n.name in keep])
+        keep = set(ctx.hosts) | {n.name for n in loaded.nodes if set(n.roles) & set(CRITICAL_ROLES)}
+        cluster = subset(loaded, [n.name for n in loaded.nodes if n.name in keep])
         run = verify(cluster, state_dir=out_dir, progress=_progress("verify"))
         last["run"] = run
         for node, guids in run.inventory.items():
@@ -243,7 +242,7 @@ def up(
     Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run; 130/143/129 when
     interrupted by Ctrl-C/SIGTERM/SIGHUP (the phase is recorded as interrupted; a second Ctrl-C exits at once).
     """
-    from provisioner.phases import RunOptions, provision_run, summary_lines
+    from provisioner.phases import RunOptions, load_run_spec, provision_run, summary_lines
     from provisioner.progress import JsonReporter, LiveReporter
     from provisioner.runner import read_secret_file
     from provisioner.userfile import read_user_bytes
@@ -265,17 +264,18 @@ def up(
         read_secret_file(secrets_file)
     if vault_password_file is not None:  # ansible-playbook would wait on a pipe for ever
         read_user_bytes(vault_password_file, "a vault password file")
-    steps = _verify_steps(spec, overlay, out_dir)
-    hook = _drift_hook(spec, overlay)
     live = LiveReporter(err)  # drawn only without --json; what it printed is left out of the summary
     try:
+        loaded = load_run_spec(spec, opts)  # once: the engine, verify and the drift check share the model
+        steps = _verify_steps(loaded[0], out_dir)
+        hook = _drift_hook(loaded[0])
         if as_json:
             journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
-                                    after_converge=hook)
+                                    after_converge=hook, loaded=loaded)
         else:
             with live as rep:
                 journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep,
-                                        after_converge=hook)
+                                        after_converge=hook, loaded=loaded)
     except Interrupted as exc:
         if exc.journal is not None and not as_json:
             for line in summary_lines(exc.journal, printed=live.printed):
@@ -285,7 +285,7 @@ def up(
     if not as_json:
         for line in summary_lines(journal, printed=live.printed):  # each phase line once: live, or here
             err.print(line, markup=False)
-        _print_run_drift(spec, overlay, out_dir, journal.run_id)
+        _print_run_drift(loaded[0], out_dir, journal.run_id)
     raise typer.Exit({"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2))
 
 
@@ -350,23 +350,21 @@ def plan_cmd(
     raise typer.Exit(1 if plan.batches else 0)
 
 
-def _drift_hook(spec: Path, overlay: Path | None) -> Any:
+def _drift_hook(cluster: Cluster) -> Any:
     """The run engine's after-converge hook: fetch every converged node's manifest, compare, store."""
     from provisioner.drift import check_cluster
     from provisioner.phases import StepContext
 
     def hook(ctx: StepContext) -> str:
-        cluster, _ = load_cluster(spec, overlay)
         return "drift: " + check_cluster(cluster, ctx.state_dir, nodes=ctx.hosts, run_id=ctx.run_dir.name).note()
 
     return hook
 
 
-def _print_run_drift(spec: Path, overlay: Path | None, out_dir: Path | None, run_id: str) -> None:
+def _print_run_drift(cluster: Cluster, out_dir: Path | None, run_id: str) -> None:
     """The drift findings of this run (written by the hook), below the run summary."""
     from provisioner.drift import DriftReport, summary_lines
 
-    cluster, _ = load_cluster(spec, overlay)
     path = state_dir_for(cluster.name, out_dir) / "runs" / run_id / "drift.json"
     if path.is_file():
         for line in summary_lines(DriftReport.from_json(json.loads(path.read_text(encoding="utf-8")))):

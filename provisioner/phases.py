@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from provisioner import collection as content
 from provisioner import interrupt
@@ -54,6 +54,10 @@ from provisioner.state import (
     state_dir_for,
     utcnow,
 )
+
+if TYPE_CHECKING:
+    from provisioner.spec.cluster import Cluster
+    from provisioner.spec.diagnostics import Diagnostic
 
 
 @dataclass(frozen=True)
@@ -519,30 +523,41 @@ def summary_lines(journal: RunJournal, *, printed: Collection[str] = ()) -> list
 # ---------------------------------------------------------------------------------------------------------
 # the whole run from a spec
 
+def load_run_spec(spec: Path, options: RunOptions) -> tuple[Cluster, list[Diagnostic]]:
+    """The spec of a run (and its overlay), loaded once for the whole run: raises SpecInvalid. A signal while
+    loading is a clean exit too, not a kill."""
+    from provisioner.spec import load_cluster
+
+    with interrupt.interruptible():
+        return load_cluster(spec, Path(options.overlay) if options.overlay else None)
+
+
 def provision_run(spec: Path, options: RunOptions, *, state_dir: Path | None = None,
                   runner: PlaybookRunner = run_playbook, steps: Mapping[str, PythonStep] | None = None,
                   reporter: Reporter | None = None, playbooks_dir: Path | None = None,
-                  after_converge: AfterConverge | None = None) -> RunJournal:
+                  after_converge: AfterConverge | None = None,
+                  loaded: tuple[Cluster, list[Diagnostic]] | None = None) -> RunJournal:
     """`provision cluster.yaml`: load the spec (raises SpecInvalid), plan (fresh or --resume), run the phases.
 
     `steps` supplies the Python phases beyond validate/render (verify, report); missing ones are not built.
     `after_converge` runs once after the last converge phase (the CLI passes the manifest/drift check).
+    `loaded` is the spec already loaded by :func:`load_run_spec` (the CLI's steps use that same model).
     A signal ends it with :class:`provisioner.interrupt.Interrupted` (its `journal` closed as interrupted).
     """
     with interrupt.interruptible():  # SIGTERM while loading or waiting is a clean exit too, not a kill
-        return _provision_run(spec, options, state_dir, runner, steps, reporter, playbooks_dir, after_converge)
+        cluster, warnings = loaded if loaded is not None else load_run_spec(spec, options)
+        return _provision_run(spec, cluster, warnings, options, state_dir, runner, steps, reporter, playbooks_dir,
+                              after_converge)
 
 
-def _provision_run(spec: Path, options: RunOptions, state_dir: Path | None, runner: PlaybookRunner,
-                   steps: Mapping[str, PythonStep] | None, reporter: Reporter | None, playbooks_dir: Path | None,
+def _provision_run(spec: Path, cluster: Cluster, warnings: list[Diagnostic], options: RunOptions,
+                   state_dir: Path | None, runner: PlaybookRunner, steps: Mapping[str, PythonStep] | None,
+                   reporter: Reporter | None, playbooks_dir: Path | None,
                    after_converge: AfterConverge | None) -> RunJournal:
     from provisioner.render import render_inventory
     from provisioner.render.model import build_inventory, play_vars
     from provisioner.slurm.membership import run_vars as slurm_run_vars
-    from provisioner.spec import load_cluster
 
-    overlay = Path(options.overlay) if options.overlay else None
-    cluster, warnings = load_cluster(spec, overlay)
     if state_dir is not None and options.out is None:
         options = replace(options, out=str(state_dir))
     sdir = state_dir_for(cluster.name, state_dir)
