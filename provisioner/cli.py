@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -22,6 +22,9 @@ from provisioner.interrupt import Interrupted
 from provisioner.safetext import escaped, printable
 from provisioner.spec import Cluster, Diagnostic, load_cluster, load_spec, load_text
 from provisioner.state import state_dir_for
+
+if TYPE_CHECKING:
+    from provisioner.phases import RunOptions
 
 EPILOG = """\b
 Examples:
@@ -242,11 +245,6 @@ def up(
     Exit 0 passed, 1 hosts set aside or the run stopped, 2 incomplete or could not run; 130/143/129 when
     interrupted by Ctrl-C/SIGTERM/SIGHUP (the phase is recorded as interrupted; a second Ctrl-C exits at once).
     """
-    from provisioner.phases import RunOptions, load_run_spec, provision_run, summary_lines
-    from provisioner.progress import JsonReporter, LiveReporter
-    from provisioner.runner import read_secret_file
-    from provisioner.userfile import read_user_bytes
-
     if rolling:
         _rolling(spec, overlay, out_dir, batch, max_wait, peers, resume,
                  other=bool(only or from_phase or limit or check or tags or secrets or as_json))
@@ -254,16 +252,28 @@ def up(
         from provisioner.errors import UsageError
 
         raise UsageError("--batch goes with --rolling")
+    from provisioner.phases import RunOptions
 
     opts = RunOptions(only=[p for item in only or [] for p in item.split(",") if p], from_phase=from_phase,
                       limit=limit, check=check, diff=diff,
                       tags=[t for item in tags or [] for t in item.split(",") if t],
                       forks=forks, max_fail=max_fail, resume=resume, overlay=str(overlay) if overlay else None,
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
+    raise typer.Exit(_run_up(spec, opts, out_dir, as_json))
+
+
+def _run_up(spec: Path, opts: RunOptions, out_dir: Path | None, as_json: bool) -> int:
+    """`up` after its options: the secrets files checked, the run with the live view or the JSON stream, the
+    summary and this run's drift; the exit code (an interrupted run ends the command here with its own)."""
+    from provisioner.phases import load_run_spec, provision_run, summary_lines
+    from provisioner.progress import JsonReporter, LiveReporter
+    from provisioner.runner import read_secret_file
+    from provisioner.userfile import read_user_bytes
+
     for secrets_file in opts.secret_files:  # a pipe, a huge or broken file is refused before a journal opens
         read_secret_file(secrets_file)
-    if vault_password_file is not None:  # ansible-playbook would wait on a pipe for ever
-        read_user_bytes(vault_password_file, "a vault password file")
+    if opts.vault_password_file is not None:  # ansible-playbook would wait on a pipe for ever
+        read_user_bytes(opts.vault_password_file, "a vault password file")
     live = LiveReporter(err)  # drawn only without --json; what it printed is left out of the summary
     try:
         loaded = load_run_spec(spec, opts)  # once: the engine, verify and the drift check share the model
@@ -286,7 +296,7 @@ def up(
         for line in summary_lines(journal, printed=live.printed):  # each phase line once: live, or here
             err.print(line, markup=False)
         _print_run_drift(loaded[0], out_dir, journal.run_id)
-    raise typer.Exit({"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2))
+    return {"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2)
 
 
 def _rolling(spec: Path, overlay: Path | None, out_dir: Path | None, batch: str | None, max_wait: float,
