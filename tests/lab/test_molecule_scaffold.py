@@ -7,7 +7,9 @@ what labprep writes, a role variable that the rendered inventory spells differen
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import re
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -134,18 +136,49 @@ def test_preflight_gpu_names_follow_the_catalog() -> None:
     assert names == {key: model.smi_name for key, model in GPU_MODELS.items()}
 
 
-GOLDEN = ROOT / "tests/golden/h100-ndr-8node"
+ROLES = sorted(p.name for p in (ROOT / "roles").iterdir() if (p / "tasks").is_dir())
+SPECS = [*sorted((ROOT / "examples").glob("*.yaml")), ROOT / "examples/lab/cluster.yaml",
+         ROOT / "tests/lab/slurm_cluster.yaml"]
 
 
-@pytest.mark.parametrize("role", ["vendor_repos", "preflight", "nvidia_driver", "cuda", "ipoib", "nfs_server",
-                                  "nfs_client", "lustre_client"])
+@functools.cache
+def _rendered_names() -> frozenset[str]:
+    """Every variable name the inventory gives any host, over every example spec and the lab's Slurm spec."""
+    from provisioner.render.model import build_inventory
+    from provisioner.spec import load_cluster
+
+    names: set[str] = set()
+    for spec in SPECS:
+        inv = build_inventory(load_cluster(spec)[0])
+        for variables in [*inv.groupvars.values(), *inv.hostvars.values()]:
+            names |= set(variables)
+    return frozenset(names)
+
+
+def _role_text(role: str) -> str:
+    return "".join(p.read_text(encoding="utf-8") for p in sorted((ROOT / "roles" / role).rglob("*"))
+                   if p.is_file() and p.suffix in (".yml", ".yaml", ".j2", ".py", ".sh")
+                   and p.relative_to(ROOT / "roles" / role).parts[0] != "meta")
+
+
+def test_every_role_is_covered_and_the_inventory_is_read() -> None:
+    """The role list is the roles directory (a new role is covered without editing this file)."""
+    assert {"vendor_repos", "doca_ofed", "opensm", "slurm", "roce_qos", "dcgm", "host_tuning"} <= set(ROLES)
+    names = _rendered_names()
+    assert {"nvidia_driver_version", "slurm_controller", "roce_qos_dscp", "opensm_priority"} <= names
+
+
+@pytest.mark.parametrize("role", ROLES)
 def test_role_options_use_the_rendered_inventory_names(role: str) -> None:
-    """Every rendered variable a role reads is declared in its argument spec under the same name."""
-    rendered = set(_yaml(GOLDEN / "group_vars/all.yml")) | set(_yaml(GOLDEN / "host_vars/gpu01.yml"))
-    options = set(_yaml(ROOT / f"roles/{role}/meta/argument_specs.yml")["argument_specs"]["main"]["options"])
+    """Every rendered variable a role reads is declared in its argument spec under the same name, and every
+    default of the role is a declared, prefixed option (its meta/argument_specs.yml is the role's interface)."""
+    options = set(_yaml(ROOT / f"roles/{role}/meta/argument_specs.yml")["argument_specs"]["main"]["options"] or {})
+    text = _role_text(role)
     extra = {"preflight": {"provisioner_os", "provisioner_expected_ports"}}.get(role, set())
-    wanted = {name for name in rendered if name.startswith(f"{role}_")} | (extra & rendered)
-    assert wanted, f"no rendered variable for {role}"
-    assert wanted <= options, f"{role} does not declare {sorted(wanted - options)}"
-    defaults = _yaml(ROOT / f"roles/{role}/defaults/main.yml") or {}
+    wanted = {name for name in _rendered_names() if name.startswith(f"{role}_") or name in extra}
+    read = {name for name in wanted if re.search(rf"\b{name}\b", text)}
+    assert read <= options, f"{role} reads but does not declare {sorted(read - options)}"
+    defaults_file = ROOT / f"roles/{role}/defaults/main.yml"
+    defaults = set((_yaml(defaults_file) or {}) if defaults_file.is_file() else {})
     assert all(name.startswith(f"{role}_") for name in defaults), f"unprefixed default in {role}"
+    assert defaults <= options, f"{role} has defaults its argument spec does not declare: {sorted(defaults - options)}"
