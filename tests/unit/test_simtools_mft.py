@@ -103,3 +103,25 @@ def test_mlxconfig_refuses_what_the_device_does_not_have(lab: Path, pair: str) -
     assert out.returncode == 1 and out.stderr.startswith("-E- ")
     assert hcafw.parse_mlxconfig_query(run(lab, "mlxconfig", "-d", "mlx5_0", "q", "ATS_ENABLED").stdout) == {
         "ATS_ENABLED": "False(0)"}
+
+
+def test_the_manifest_gatherer_records_the_pinned_mlxconfig_values(lab: Path, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(
+        "manifest_gather", Path(__file__).resolve().parents[2] / "roles" / "manifest" / "files" / "manifest_gather.py")
+    assert spec is not None and spec.loader is not None
+    gather = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gather)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "mlxconfig").symlink_to(SIMTOOLS / "mlxconfig")
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+    monkeypatch.setenv("PROVISIONER_LAB_ROOT", str(lab))
+    monkeypatch.setenv("PROVISIONER_LAB_HOST", "fw1")
+    assert run(lab, "mlxconfig", "-y", "-d", "mlx5_1", "set", "ATS_ENABLED=True").returncode == 0
+    assert gather.mlxconfig("mlx5_1", ["ATS_ENABLED", "PCI_WR_ORDERING"]) == {
+        "ATS_ENABLED": "True(1)", "PCI_WR_ORDERING": "per_mkey(0)"}
+    assert gather.mlxconfig("mlx5_1", []) is None            # nothing pinned: mlxconfig is not run
+    assert gather.mlxconfig("mlx5_9", ["ATS_ENABLED"]) is None  # a failing query records nothing
