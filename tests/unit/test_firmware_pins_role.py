@@ -41,10 +41,11 @@ def tool(lab: Path, name: str, *args: str) -> str:
                           check=True).stdout
 
 
-def converge(lab: Path, *extra: str, pins: dict[str, Any] | None = None) -> tuple[int, list[dict[str, Any]]]:
-    """rc and the task results of one run of the tasks file on localhost."""
+def converge(lab: Path, *extra: str, pins: dict[str, Any] | None = None,
+             tasks: str = "firmware_pins") -> tuple[int, list[dict[str, Any]]]:
+    """rc and the task results of one run of the role's ``tasks`` file on localhost."""
     play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "doca_ofed", "tasks_from": "firmware_pins"}}]}]
+        {"ansible.builtin.include_role": {"name": "doca_ofed", "tasks_from": tasks}}]}]
     (lab / "play.yml").write_text(yaml.safe_dump(play))
     variables = {"ansible_python_interpreter": sys.executable, "doca_ofed_fw_tools_package": "",
                  "doca_ofed_flint": str(SIMTOOLS / "flint"), "doca_ofed_mlxconfig": str(SIMTOOLS / "mlxconfig"),
@@ -115,3 +116,17 @@ def test_a_missing_image_or_an_unpinned_board_stops_before_any_flash(lab: Path, 
     assert rc == 2
     assert [r["msg"] for r in results if r.get("failed")] == [message.format(mirror=lab / "mirror")]
     assert changed(results) == [] and flash(lab, "mlx5_0")["fw_version"] == "28.39.1002"
+
+
+def test_link_types_are_set_where_they_differ_and_then_left_alone(lab: Path) -> None:
+    # tasks/link_types.yml (VPI port types) had no run before the lab had mlxconfig: its '\1' was chr(1) in Jinja
+    link = ["-e", '{"doca_ofed_link_types": [{"device": "mlx5_0", "port": 1, "type": "ETH"},'
+                  ' {"device": "mlx5_1", "port": 1, "type": "IB"}]}']
+    rc, results = converge(lab, *link, tasks="link_types")
+    assert rc == 0, [r.get("msg") for r in results if r.get("failed")]
+    sets = next(r for r in results if r["name"] == "Set the link types that differ")
+    assert [i["cmd"][3:] for i in sets["results"] if i.get("changed")] == [["mlx5_0", "set", "LINK_TYPE_P1=2"]]
+    link_types = hcafw.parse_mlxconfig_query(tool(lab, "mlxconfig", "-d", "mlx5_0", "query", "LINK_TYPE_P1"))
+    assert link_types == {"LINK_TYPE_P1": "ETH(2)"}
+    rc, results = converge(lab, *link, tasks="link_types")
+    assert rc == 0 and changed(results) == []
