@@ -56,14 +56,16 @@ def value_matches(observed: str, want: str) -> bool:
 
 
 def role_vars(hf: HcaFirmware | None) -> dict[str, Any]:
-    """The doca_ofed and manifest roles' variables for the pins (none without ``hca_firmware``: the defaults
+    """The preflight, doca_ofed and manifest roles' variables for the pins (none without ``hca_firmware``: the defaults
     manage nothing)."""
     if hf is None:
         return {}
+    def pins() -> dict[str, dict[str, str]]:  # one copy per variable: a shared one would render as a YAML alias
+        return {psid: {"version": p.version, "image": p.image} for psid, p in sorted(hf.pins.items())}
+
     return {"manifest_mlxconfig_keys": sorted(hf.mlxconfig),
-            "doca_ofed_firmware_mirror": hf.mirror,
-            "doca_ofed_firmware_pins": {psid: {"version": p.version, "image": p.image}
-                                        for psid, p in sorted(hf.pins.items())},
+            "preflight_firmware_pins": pins(), "preflight_firmware_mirror": hf.mirror,
+            "doca_ofed_firmware_mirror": hf.mirror, "doca_ofed_firmware_pins": pins(),
             "doca_ofed_mlxconfig_settings": {k: wanted_value(v) for k, v in sorted(hf.mlxconfig.items())}}
 
 

@@ -41,17 +41,19 @@ def tool(lab: Path, name: str, *args: str) -> str:
                           check=True).stdout
 
 
-def converge(lab: Path, *extra: str, pins: dict[str, Any] | None = None,
-             tasks: str = "firmware_pins") -> tuple[int, list[dict[str, Any]]]:
-    """rc and the task results of one run of the role's ``tasks`` file on localhost."""
+def converge(lab: Path, *extra: str, pins: dict[str, Any] | None = None, tasks: str = "firmware_pins",
+             role: str = "doca_ofed") -> tuple[int, list[dict[str, Any]]]:
+    """rc and the task results of one run of ``role``'s ``tasks`` file on localhost."""
     play = [{"hosts": "localhost", "connection": "local", "gather_facts": False, "tasks": [
-        {"ansible.builtin.include_role": {"name": "doca_ofed", "tasks_from": tasks}}]}]
+        {"ansible.builtin.include_role": {"name": role, "tasks_from": tasks}}]}]
     (lab / "play.yml").write_text(yaml.safe_dump(play))
     variables = {"ansible_python_interpreter": sys.executable, "doca_ofed_fw_tools_package": "",
                  "doca_ofed_flint": str(SIMTOOLS / "flint"), "doca_ofed_mlxconfig": str(SIMTOOLS / "mlxconfig"),
                  "doca_ofed_sysfs_ib": str(lab / "lab/nodes/fw1/sys/class/infiniband"),
                  "doca_ofed_firmware_mirror": str(lab / "mirror"), "doca_ofed_firmware_pins": pins or PINS,
-                 "doca_ofed_mlxconfig_settings": SETTINGS}
+                 "doca_ofed_mlxconfig_settings": SETTINGS, "preflight_firmware_pins": pins or PINS,
+                 "preflight_firmware_mirror": str(lab / "mirror"),
+                 "preflight_sysfs_ib": str(lab / "lab/nodes/fw1/sys/class/infiniband")}
     (lab / "vars.json").write_text(json.dumps(variables))
     (lab / "ansible.cfg").write_text(f"[defaults]\nroles_path = {REPO / 'roles'}\n")
     env = {**os.environ, "ANSIBLE_STDOUT_CALLBACK": "ansible.builtin.json", "ANSIBLE_CONFIG": str(lab / "ansible.cfg"),
@@ -61,7 +63,7 @@ def converge(lab: Path, *extra: str, pins: dict[str, Any] | None = None,
                            f"@{lab / 'vars.json'}", *extra], capture_output=True, text=True, env=env, cwd=lab,
                           check=False)
     tasks = json.loads(done.stdout)["plays"][0]["tasks"]
-    return done.returncode, [{"name": t["task"]["name"].removeprefix("doca_ofed : "), **t["hosts"]["localhost"]}
+    return done.returncode, [{"name": t["task"]["name"].removeprefix(f"{role} : "), **t["hosts"]["localhost"]}
                              for t in tasks]
 
 
@@ -110,12 +112,19 @@ def test_check_writes_nothing_a_run_flashes_and_sets_the_next_changes_nothing_an
     ({"MT_0000000223": {"version": "20.39.1002", "image": "fw-28_39_1050.bin"}},
      "localhost: no firmware pin for mlx5_0 PSID MT_0000000838, mlx5_1 PSID MT_0000000838: add it to "
      "software.hca_firmware.pins (nothing was flashed)")])
+@pytest.mark.parametrize("role", ["preflight", "doca_ofed"])
 def test_a_missing_image_or_an_unpinned_board_stops_before_any_flash(lab: Path, pins: dict[str, Any],
-                                                                     message: str) -> None:
-    rc, results = converge(lab, pins=pins)
+                                                                     message: str, role: str) -> None:
+    # preflight stops the run before any phase; the ofed phase checks again right before it flashes
+    rc, results = converge(lab, pins=pins, role=role, tasks="firmware" if role == "preflight" else "firmware_pins")
     assert rc == 2
     assert [r["msg"] for r in results if r.get("failed")] == [message.format(mirror=lab / "mirror")]
     assert changed(results) == [] and flash(lab, "mlx5_0")["fw_version"] == "28.39.1002"
+
+
+def test_preflight_passes_when_every_board_has_its_image(lab: Path) -> None:
+    rc, results = converge(lab, role="preflight", tasks="firmware")
+    assert rc == 0 and changed(results) == [] and not [r for r in results if r.get("failed")]
 
 
 def test_link_types_are_set_where_they_differ_and_then_left_alone(lab: Path) -> None:

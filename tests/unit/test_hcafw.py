@@ -103,7 +103,10 @@ def test_the_pins_reach_the_roles_and_site_vars_cannot_set_them() -> None:
     assert allv["doca_ofed_mlxconfig_settings"] == {"ADVANCED_PCI_SETTINGS": "1", "ATS_ENABLED": "1",
                                                     "PCI_WR_ORDERING": "1"}
     assert allv["manifest_mlxconfig_keys"] == ["ADVANCED_PCI_SETTINGS", "ATS_ENABLED", "PCI_WR_ORDERING"]
-    assert [k for k in allv if k.startswith(("doca_ofed_", "manifest_")) and why_reserved(k) is None] == []
+    assert allv["preflight_firmware_pins"] == allv["doca_ofed_firmware_pins"]
+    assert allv["preflight_firmware_mirror"] == "/srv/mirror/hca-firmware"
+    ours = [k for k in allv if k.startswith(("doca_ofed_", "manifest_", "preflight_"))]
+    assert [k for k in ours if why_reserved(k) is None] == []
 
 
 def test_without_pins_nothing_is_rendered() -> None:
