@@ -21,6 +21,7 @@ from typing import Any
 from provisioner.spec.models import HcaFirmware
 
 FIRMWARE = "firmware"
+NO_PIN = "a pin for PSID "
 
 
 @dataclass(frozen=True)
@@ -37,6 +38,8 @@ class Mismatch:
     def message(self) -> str:
         what = "firmware" if self.item == FIRMWARE else f"mlxconfig {self.item.split(':', 1)[1]}"
         have = self.have if self.have is not None else "not reported"
+        if self.want.startswith(NO_PIN):
+            return f"{self.node} {self.device}: firmware {have}, and the spec has no pin for its board ({self.want})"
         return f"{self.node} {self.device}: {what} is {have}, the spec pins {self.want}"
 
 
@@ -119,7 +122,7 @@ def _device_mismatches(hf: HcaFirmware, node: str, device: str, hca: Mapping[str
     if hf.pins:
         pin = hf.pins.get(str(board)) if board else None
         if pin is None:
-            out.append(Mismatch(node, device, FIRMWARE, f"a pin for PSID {board}", str(running) if running else None))
+            out.append(Mismatch(node, device, FIRMWARE, f"{NO_PIN}{board}", str(running) if running else None))
         elif running != pin.version:
             out.append(Mismatch(node, device, FIRMWARE, pin.version, str(running) if running else None))
     raw = hca.get("mlxconfig")

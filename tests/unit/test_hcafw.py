@@ -164,8 +164,9 @@ def test_a_board_without_a_pin_is_drift_too() -> None:
     c = _cluster()
     m = _converged(c)
     m["gpu01"]["hcas"]["mlx5_0"]["board_id"] = "MT_0000001070"
-    found = [(f.node, f.item, f.expected) for f in compare(c, m) if f.kind == "spec"]
-    assert found == [("gpu01", "firmware:mlx5_0", "a pin for PSID MT_0000001070")]
+    found = [(f.node, f.item, f.expected, f.message) for f in compare(c, m) if f.kind == "spec"]
+    assert found == [("gpu01", "firmware:mlx5_0", "a pin for PSID MT_0000001070", "gpu01 mlx5_0: firmware 28.39.1050, "
+                      "and the spec has no pin for its board (a pin for PSID MT_0000001070)")]
 
 
 def test_plan_shows_a_firmware_pin_change_as_reboot_class_in_the_ofed_phase() -> None:
