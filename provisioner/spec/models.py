@@ -206,7 +206,7 @@ class HcaFirmware(Strict):
     mlxconfig: dict[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]{1,63}$")],
                     bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]] = Field(
         default_factory=dict, description="mlxconfig parameters every HCA must have for the next boot, e.g. "
-        "ATS_ENABLED, ADVANCED_PCI_SETTINGS, PCI_WR_ORDERING (docs/roles.md: what NVIDIA documents for "
+        "ATS_ENABLED, ADVANCED_PCI_SETTINGS (docs/roles.md: what NVIDIA documents for "
         "GPUDirect); true/false are 1/0. Set only where they differ; takes effect after a reboot.")
 
 
