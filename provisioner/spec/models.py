@@ -490,6 +490,13 @@ class NcclCheck(Strict):
     min_fraction: float = Field(0.8, gt=0, le=1, description="Without min_busbw_gbps: the floor as a fraction of the "
                                 "bus bandwidth the spec's rails and GPU links allow (docs/verification.md).")
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
+    min_single_node_busbw_gbps: float | None = Field(
+        None, gt=0, description="Floor for the single-node all_reduce_perf on each GPU node (GB/s, network "
+        "disabled: NVLink/NVSwitch or PCIe between its GPUs); without it the floor is min_single_node_fraction of "
+        "the expected figure.")
+    min_single_node_fraction: float = Field(
+        0.7, gt=0, le=1, description="Without min_single_node_busbw_gbps: the single-node floor as a fraction of the "
+        "NVLink (or PCIe) figure of the node's GPU model (docs/verification.md).")
 
 
 class DcgmCheck(Strict):
