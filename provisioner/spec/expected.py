@@ -57,7 +57,7 @@ def intra_node(node: Node) -> Expected | None:
     if model is None or node.gpu_count < 2:
         return None
     if model.nvlink_gbps:
-        return Expected(model.nvlink_gbps, f"NVLink {model.nvlink_gbps:g} GB/s per {model.key}")
+        return Expected(float(model.nvlink_gbps), f"NVLink {model.nvlink_gbps:g} GB/s per {model.key}")
     pcie = PCIE_X16_GBPS.get(model.pcie_gen)
     return Expected(pcie, f"PCIe Gen{model.pcie_gen} x16 between {model.key} GPUs") if pcie else None
 
