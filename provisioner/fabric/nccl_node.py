@@ -84,7 +84,7 @@ def _not_run(node: Node, done: Completed) -> str | None:
         return done.stderr.strip() or "unreachable"
     if done.timed_out:
         return f"all_reduce_perf on {node.name} timed out after {TIMEOUT_S:.0f} s"
-    if done.rc == 127:
+    if done.rc == 127 and "all_reduce_perf: not found on the PATH" in done.stderr:
         return (f"no all_reduce_perf on {node.name}'s PATH: the nccl role installs nccl-tests on the GPU nodes "
                 "(software.nccl_tests)")
     try:

@@ -59,6 +59,11 @@ def test_an_explicit_floor_in_the_spec_wins() -> None:
 def test_missing_binary_unparsable_output_timeout_and_unreachable_could_not_run() -> None:
     missing = judge("", rc=127, err="all_reduce_perf: not found on the PATH")
     assert missing.error and "no all_reduce_perf on dgx1's PATH" in missing.error and not missing.findings
+    no_lib = judge("", rc=127, err="all_reduce_perf: error while loading shared libraries: libnccl.so.2: cannot "
+                                   "open shared object file: No such file or directory")
+    assert no_lib.error is not None and "PATH" not in no_lib.error  # the binary is there; NCCL is not
+    assert no_lib.error.endswith("[exit 127]: 'all_reduce_perf: error while loading shared libraries: libnccl.so.2: "
+                                 "cannot open shared object file: No such file or directory'")
     junk = judge("Segmentation fault (core dumped)\nmore\n", rc=139)
     assert junk.error == ("all_reduce_perf on dgx1 printed no nccl-tests output [exit 139]: "
                           "'Segmentation fault (core dumped)'")
