@@ -3,6 +3,10 @@ judged against the NVLink figure of its GPU model, on real nccl-tests output."""
 
 from __future__ import annotations
 
+import subprocess
+from dataclasses import replace
+from pathlib import Path
+
 from provisioner.fabric import causes, nccl, nccl_node
 from provisioner.fabric.findings import CheckResult, Finding
 from provisioner.remote import RC_TIMEOUT, RC_UNREACHABLE, Completed
@@ -102,3 +106,27 @@ def test_a_slow_node_folds_its_multi_node_nccl_finding_under_nvlink_not_a_cable(
                                    "single-node all-reduce on dgx1")
     assert "reseat or swap" not in mine.hint and mine.severity == "error"
     assert theirs == other
+
+
+def test_the_probe_on_the_simulated_node_passes_healthy_and_fails_with_an_nvlink_down(tmp_path: Path) -> None:
+    """The real probe (sh, PATH, NCCL_IB_DISABLE=1) runs the lab's all_reduce_perf on a 2 x H100 node: 82 % of the
+    catalog's 450 GB/s passes; with GPU 0's NVLink down (what the lab fault nvlink_down writes) it fails there."""
+    from provisioner.lab.simtools import labstate
+    from tests.unit.test_simtools_fabric import build_lab, env_for
+
+    lab = build_lab(tmp_path)
+    n, cfg = node("H100-SXM5-80GB")
+    n = replace(n, gpu_count=2) if n.gpu_count != 2 else n
+
+    def probe() -> CheckResult:
+        done = subprocess.run(nccl_node.argv(n, cfg), env=env_for(lab, "gpu01"), capture_output=True, text=True,
+                              timeout=120, check=False)
+        return nccl_node.node_result(n, cfg, Completed(done.returncode, done.stdout, done.stderr))
+
+    healthy = probe()
+    assert healthy.passed, (healthy.error, healthy.findings)
+    assert 0.8 < float(healthy.measurements["efficiency"] or 0) < 0.85, healthy.measurements
+    state = labstate.load_node(str(lab), "gpu01")
+    labstate.save_node(str(lab), {**state, "nvlink_down": [0]})
+    (f,) = probe().findings
+    assert f.node == "dgx1" and "below the floor 315 GB/s (70% of the expected 450 GB/s)" in f.message
