@@ -69,6 +69,39 @@ GPU_TOOLS = ("dcgmi",)
 """Simulated GPU tools no lab package ships yet: DCGM's dcgmi (the lab's vendor repository has no stand-in
 datacenter-gpu-manager for the dcgm role, so the lab puts it on every node's PATH like the MAD tools;
 docs/lab-hardware-model.md)."""
+IPOIB_CHILD_TOOL = "/usr/local/sbin/plab-ipoib-children"
+"""nodetools/ipoib_child_sim.py: the lab's stand-in for ib_ipoib's create_child (docs/lab-hardware-model.md)."""
+IPOIB_CHILD_UNITS = {
+    "plab-ipoib-children.service": f"""\
+[Unit]
+Description=provisioner lab: IPoIB P_Key children as the network configuration asks (the lab's ib_ipoib)
+
+[Service]
+Type=oneshot
+ExecStart={IPOIB_CHILD_TOOL}
+
+[Install]
+WantedBy=multi-user.target
+""",
+    "plab-ipoib-children.path": """\
+[Unit]
+Description=provisioner lab: watch networkd's configuration for IPoIB P_Key children
+
+[Path]
+PathChanged=/etc/systemd/network
+PathChanged=/run/systemd/network
+
+[Install]
+WantedBy=paths.target
+""",
+}
+"""Run at boot and on every change of networkd's configuration directories, as the driver acts on every request."""
+LAB_LINKS = {
+    "/etc/systemd/system/multi-user.target.wants/plab-ipoib-children.service":
+        "/etc/systemd/system/plab-ipoib-children.service",
+    "/etc/systemd/system/paths.target.wants/plab-ipoib-children.path": "/etc/systemd/system/plab-ipoib-children.path",
+}
+"""Symbolic links of the lab layer (path -> target): ``systemctl enable`` of the units above."""
 _PACKAGE_DIR = Path(__file__).resolve().parent
 
 
@@ -187,6 +220,9 @@ def lab_files() -> dict[str, tuple[bytes, int]]:
     kmod = (_PACKAGE_DIR / "nodetools" / "kmod_sim.py").read_bytes()
     files = {f"/usr/local/sbin/{name}": (kmod, 0o755) for name in SIM_TOOL_NAMES}
     files["/usr/local/sbin/dkms"] = ((_PACKAGE_DIR / "nodetools" / "dkms_sim.py").read_bytes(), 0o755)
+    files[IPOIB_CHILD_TOOL] = ((_PACKAGE_DIR / "nodetools" / "ipoib_child_sim.py").read_bytes(), 0o755)
+    for unit, text in IPOIB_CHILD_UNITS.items():
+        files[f"/etc/systemd/system/{unit}"] = (text.encode(), 0o644)
     for module in LAB_MODULES:
         files[f"{LAB_LIB_DIR}/{module}"] = ((simtools / module).read_bytes(), 0o644)
     for tool in MAD_TOOLS + HARDWARE_TOOLS + GPU_TOOLS:
@@ -201,6 +237,8 @@ def image_recipe_hash(base_hash: str, files: dict[str, tuple[bytes, int]]) -> st
         content, mode = files[path]
         digest.update(f"{path}\0{mode:o}\0".encode())
         digest.update(hashlib.sha256(content).digest())
+    for path in sorted(LAB_LINKS):
+        digest.update(f"{path}\0->\0{LAB_LINKS[path]}\0".encode())
     return digest.hexdigest()[:16]
 
 
@@ -319,6 +357,10 @@ def _add_lab_layer(base_tag: str, recipe: str, files: dict[str, tuple[bytes, int
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_bytes(content)
                 path.chmod(mode)
+            for dest, target in LAB_LINKS.items():
+                link = Path(staging) / dest.lstrip("/")
+                link.parent.mkdir(parents=True, exist_ok=True)
+                link.symlink_to(target)
             podman("cp", f"{staging}/.", f"{name}:/")
         podman("commit", "--quiet", "--change", f"LABEL {RECIPE_LABEL}={recipe}", name, IMAGE, timeout=300)
     finally:

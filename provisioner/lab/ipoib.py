@@ -1,15 +1,17 @@
-"""Simulated IPoIB in the lab: the spec's IPoIB netdevs as real links between the node containers.
+"""Simulated IPoIB in the lab: the spec's IPoIB ports as real links between the node containers.
 
 A real ``ip link add ... type ipoib`` needs an InfiniBand device and the ib_ipoib module; the lab's shared kernel has
 neither, so the lab stands in for each IPoIB network with a podman network of its own (no IPAM: no address is
 given, the ipoib role must configure it; internal: nothing leaves the host) and gives every member container an
-interface on it named exactly as the spec names the netdev (``ibp23s0``, and ``ibp23s0.8001`` for a P_Key child,
-which gets a network of its own per partition, so only its members share it). The links are veth pairs on a Linux
-bridge: addressing, MTU, link state and ping between the nodes are real; the IPoIB mode, the P_Key and RDMA-CM
-over them are not (they are Ethernet, link/ether): the lab's site_vars say so with
-``ipoib_require_infiniband: false``, which the role and ``provision verify`` honour by reporting those parts as
-not checked. The network's own MTU is the IPoIB connected-mode maximum, so the interfaces start at 65520 and only
-the role's MTU brings them to the planned value.
+interface on it named exactly as the spec names the port's netdev (``ibp23s0``). The links are veth pairs on a Linux
+bridge: addressing, MTU, link state and ping between the nodes are real; the IPoIB mode and RDMA-CM over them are
+not (they are Ethernet, link/ether): the lab's site_vars say so with ``ipoib_require_infiniband: false``, which the
+role and ``provision verify`` honour by reporting those parts as not checked. The network's own MTU is the IPoIB
+connected-mode maximum, so the interfaces start at 65520 and only the role's MTU brings them to the planned value.
+
+P_Key children (``ibp23s0.8001``) are not attached here: like the driver's ``create_child``, the node makes one when
+its network configuration asks for it, on a running lab too (a partition member added on day 2), on top of its
+port's link (``nodetools/ipoib_child_sim.py``).
 """
 
 from __future__ import annotations
@@ -36,9 +38,12 @@ def network_prefix(cluster: str) -> str:
 
 
 def lab_ipoib_links(cluster: Cluster) -> dict[str, list[tuple[str, str]]]:
-    """``{host: [(podman network, interface name), ...]}`` for every planned IPoIB interface, in plan order."""
+    """``{host: [(podman network, interface name), ...]}`` for every planned IPoIB port interface, in plan order
+    (the P_Key children are made on the node, on these links, when the ipoib role configures them)."""
     out: dict[str, list[tuple[str, str]]] = {}
     for i in cluster.ipoib:
+        if i.parent is not None:
+            continue
         out.setdefault(i.node, []).append((network_name(cluster.name, i.network), i.netdev))
     return out
 

@@ -371,3 +371,41 @@ def test_replace_node_after_a_hardware_swap(lab: Lab) -> None:
     for peer in PEERS:
         assert diff(before[peer], after[peer]) == set(), peer
     assert diff(before[SM], after[SM]) == {"file /etc/opensm/partitions.conf"}
+
+
+# --- 5. day 2: a partition gains a member ---------------------------------------------------------------------------
+
+CHILD = "ibp23s0.8001"  # rail0's P_Key child of tenant_a (0x8001) on the GPU nodes' mlx5_0 port
+
+
+def test_a_partition_member_added_on_day_2_gets_its_p_key_child(lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    """The spec adds gpu03 to tenant_a with a child address; the fabric phase on gpu03 and the SM creates the child
+    as the role configures it (networkd's .netdev, as on a real node; the lab stands in for the kernel), with the
+    partition's P_Key and the planned address; it reaches the partition's other members and verify passes it."""
+    assert journal(lab).status == "passed", "needs the green lab of the tests before"
+    assert CHILD not in sh("gpu03", "ip -o link show"), "gpu03 is no member of tenant_a yet"
+    text = lab.spec.read_text(encoding="utf-8")
+    edited = text.replace('members: "gpu[01-02]"', 'members: "gpu[01-03]"').replace(
+        'address: "10.31.0.[11-12]"', 'address: "10.31.0.[11-13]"')
+    assert edited.count("gpu[01-03]") == text.count("gpu[01-03]") + 1 and "10.31.0.[11-13]" in edited
+    lab.spec.write_text(edited, encoding="utf-8")
+    t0 = time.monotonic()
+    rc, stderr = provision(lab, capsys, "--limit", "gpu03,sm1", "--only", "fabric")
+    took = time.monotonic() - t0
+    assert rc == 0, "\n".join(stderr.splitlines()[-40:])
+    print(f"day 2: fabric phase on gpu03 and sm1 with the new partition member in {took:.0f} s")
+    # the child: gpu03's own, on its rail0 port, carrying tenant_a's P_Key, with the planned address and MTU
+    link = sh("gpu03", f"ip -d -o link show dev {CHILD}")
+    assert f"{CHILD}@ibp23s0:" in link and " mtu 2044 " in link and "state UP" in link, link
+    assert sh("gpu03", f"cat /run/provisioner-lab/ipoib/{CHILD}.pkey").strip() == TENANT_PKEY
+    assert "inet 10.31.0.13/24 " in sh("gpu03", f"ip -o -4 addr show dev {CHILD}")
+    # the partition's existing members answer over it; the SM's partitions.conf names gpu03's port
+    assert sh("gpu03", f"ping -n -q -c 1 -W 2 -I {CHILD} 10.31.0.11 >/dev/null && echo ok").strip() == "ok"
+    assert "# member gpu03:" in sh(SM, "cat /etc/opensm/partitions.conf")
+    capsys.readouterr()
+    rc = cli.main(["verify", str(lab.spec), "--overlay", str(lab.info.overlay), "--out", str(lab.state),
+                   "--only", "ipoib"])
+    assert rc == 0, capsys.readouterr().err[-3000:]
+    report = json.loads((lab.state / "verify" / "latest" / "report.json").read_text(encoding="utf-8"))
+    ipoib = {c["node"]: c for c in report["checks"] if c["name"] == "ipoib"}
+    assert ipoib["gpu03"]["passed"] and ipoib["gpu03"]["measurements"] == {"interfaces": 3, "healthy": 3}, ipoib

@@ -113,10 +113,14 @@ def _converge(host: str) -> None:
 
 
 def _configure_ipoib(cluster: Cluster, host: str) -> None:
-    """Stand-in for the ipoib role: ping (Debian's, as the role installs it), the planned address and MTU on each
-    simulated IPoIB link, set up."""
+    """Stand-in for the ipoib role: ping (Debian's, as the role installs it), each P_Key child's .network (from which
+    the lab's stand-in for ib_ipoib makes the child at once), the planned address and MTU on each simulated IPoIB
+    link, set up."""
     sh(host, "DEBIAN_FRONTEND=noninteractive apt-get -q update >/dev/null && "
              "DEBIAN_FRONTEND=noninteractive apt-get -q install -y --no-install-recommends iputils-ping >/dev/null")
+    for child in [i.netdev for i in cluster.ipoib_of(host) if i.parent]:
+        sh(host, f"printf '[Match]\\nName=%s\\n' {child} > /etc/systemd/network/50-ipoib-{child}.network && "
+                 f"timeout 30 sh -c 'until ip link show dev {child} >/dev/null 2>&1; do sleep 0.2; done'")
     sh(host, " && ".join(f"ip addr replace {i.cidr} dev {i.netdev} && ip link set dev {i.netdev} mtu {i.mtu} up"
                          for i in cluster.ipoib_of(host)))
 
