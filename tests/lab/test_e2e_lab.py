@@ -15,7 +15,10 @@ roles/, verify from provisioner.verify. The tests share one lab and one state di
    partitions.conf with the new GUIDs (nothing else in it), reloads the SM with SIGHUP (no restart, no change of
    master), the partition still admits gpu01, verification passes, and gpu02, gpu03 and sm1 are unchanged (every
    file under /etc: content, size and mtime; every package version). It runs on this lab, converged by the tests
-   before it, rather than on a lab of its own: a second full converge would only repeat the first test's.
+   before it, rather than on a lab of its own: a second full converge would only repeat the first test's;
+5. day 2, a partition gains a member: the spec adds gpu03 to tenant_a with a child address, and the fabric phase on
+   gpu03 and sm1 brings the P_Key child up on the running lab (the lab makes it when the role configures it, as the
+   kernel's create_child would), with its P_Key and address; it answers gpu01's child and verify passes it.
 
 Run: ``PROVISIONER_LAB_DIR=/tmp/e2e-lab pytest -m lab tests/lab/test_e2e_lab.py`` (root, podman). On 2 shared
 cores the first converge dominates (several minutes); the cluster name is ``e2etest`` unless
