@@ -120,7 +120,7 @@ def lab_versions(cluster: Cluster) -> VendorVersions:
     return VendorVersions(
         driver=sw.driver.version, driver_flavor=sw.driver.kernel_modules, cuda=sw.cuda, nccl=sw.nccl,
         ofed_kind=ofed_kind, ofed=ofed, doca=doca, fabric_manager=fabric_manager, nccl_tests=sw.nccl_tests,
-        perftest_cuda=sw.perftest,
+        perftest_cuda=sw.perftest, dcgm=sw.dcgm or defaults.dcgm,
     )
 
 

@@ -65,10 +65,6 @@ MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors"
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
 HARDWARE_TOOLS = ("lspci",)
 """Tools that read the simulated PCI hardware (node.json); they shadow Debian's pciutils."""
-GPU_TOOLS = ("dcgmi",)
-"""Simulated GPU tools no lab package ships yet: DCGM's dcgmi (the lab's vendor repository has no stand-in
-datacenter-gpu-manager for the dcgm role, so the lab puts it on every node's PATH like the MAD tools;
-docs/lab-hardware-model.md)."""
 IPOIB_CHILD_TOOL = "/usr/local/sbin/plab-ipoib-children"
 """nodetools/ipoib_child_sim.py: the lab's stand-in for ib_ipoib's create_child (docs/lab-hardware-model.md)."""
 IPOIB_CHILD_UNITS = {
@@ -225,7 +221,7 @@ def lab_files() -> dict[str, tuple[bytes, int]]:
         files[f"/etc/systemd/system/{unit}"] = (text.encode(), 0o644)
     for module in LAB_MODULES:
         files[f"{LAB_LIB_DIR}/{module}"] = ((simtools / module).read_bytes(), 0o644)
-    for tool in MAD_TOOLS + HARDWARE_TOOLS + GPU_TOOLS:
+    for tool in MAD_TOOLS + HARDWARE_TOOLS:
         files[f"/usr/local/sbin/{tool}"] = ((simtools / tool).read_bytes(), 0o755)
     return files
 

@@ -67,8 +67,8 @@ Package: doca-ofed
 Pin: version 2.9.1*
 Pin-Priority: 1001
 """
-PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests perftest-cuda {MPI_PACKAGES}",
-            "sm": "opensm"}
+PACKAGES = {"gpu": f"nvidia-driver-550-open cuda-toolkit-12-4 libnccl2 nccl-tests perftest-cuda {MPI_PACKAGES} "
+                   "datacenter-gpu-manager", "sm": "opensm"}
 OFED_FIRST = "doca-ofed"
 """Installed and loaded (openibd) before the driver, whose DKMS build of nvidia_peermem needs the OFED symbols."""
 SM_PRIORITY = {"sm1": 15, "sm2": 14}
@@ -110,6 +110,7 @@ def _converge(host: str) -> None:
                  "'ExecStart=' 'ExecStart=/usr/bin/nvidia-persistenced --user nvidia-persistenced "
                  "--persistence-mode --verbose' > /etc/systemd/system/nvidia-persistenced.service.d/pm.conf && "
                  "systemctl daemon-reload && systemctl restart nvidia-persistenced")
+        sh(host, "systemctl enable --now nvidia-dcgm")  # what the dcgm role does: nv-hostengine, which dcgmi asks
 
 
 def _configure_ipoib(cluster: Cluster, host: str) -> None:

@@ -23,6 +23,9 @@ def test_lab_versions_follow_the_spec_pins() -> None:
     assert (v.driver, v.driver_flavor, v.cuda, v.nccl) == ("550.90.07", "open", "12.4.1", "2.21.5")
     assert (v.ofed_kind, v.doca, v.ofed) == ("doca", "2.9.1", "24.10-1.1.4.0")
     assert v.fabric_manager is True  # the GPU nodes have NVSwitch
+    assert v.dcgm == "3.3.9"  # datacenter-gpu-manager 1:3.3.9 for the dcgm role
+    pinned = load_text(EXAMPLE.read_text().replace('dcgm: "3.3.9"', 'dcgm: "3.3.8"'), "dcgm.yaml").cluster
+    assert pinned is not None and lab_versions(pinned).dcgm == "3.3.8"
 
 
 def test_lab_versions_mlnx_ofed_and_proprietary() -> None:

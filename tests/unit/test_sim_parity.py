@@ -128,6 +128,9 @@ def hostlab(tmp_path: Path) -> Path:
     lib = tmp_path / "sys/usr/lib/provisioner-lab"
     lib.mkdir(parents=True)
     (lib / "nvidia-driver.version").write_text(json.dumps({"version": "550.90.07", "cuda": "12.4", "flavor": "open"}))
+    (lib / "dcgm.version").write_text(json.dumps({"version": "3.3.9"}))
+    (tmp_path / "sys/var/run").mkdir(parents=True)
+    (tmp_path / "sys/var/run/nvhostengine.pid").write_text(f"{os.getpid()}\n")  # a live process: the host engine
     (lib / "ofed.version").write_text(json.dumps({"kind": "doca", "version": "24.10-1.1.4.0", "packages": {}}))
     return tmp_path
 

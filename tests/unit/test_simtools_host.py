@@ -56,6 +56,9 @@ def lab(tmp_path: Path) -> Path:
     lib = tmp_path / "sys/usr/lib/provisioner-lab"
     lib.mkdir(parents=True)
     (lib / "nvidia-driver.version").write_text(json.dumps({"version": "550.90.07", "cuda": "12.4", "flavor": "open"}))
+    (lib / "dcgm.version").write_text(json.dumps({"version": "3.3.9"}))
+    (tmp_path / "sys/var/run").mkdir(parents=True)
+    (tmp_path / "sys/var/run/nvhostengine.pid").write_text(f"{os.getpid()}\n")  # a live process: the host engine
     (lib / "ofed.version").write_text(
         json.dumps(
             {"kind": "doca", "version": "24.10-1.1.4.0", "packages": {"ofed-scripts": "24.10.OFED.24.10.1.1.4.0-1"}}
@@ -222,3 +225,46 @@ def test_outputs_parse_with_project_parsers(lab: Path) -> None:
         assert maps[0] == {"device": "mlx5_0", "port": 1, "netdev": "ibp23s0", "netdev_up": True,
                            "pci": "0000:17:00.0" if args else None}
         assert len(maps) == 8
+
+
+def test_dcgmi_answers_only_while_the_host_engine_runs_and_reports_the_installed_dcgm(lab: Path) -> None:
+    healthy = run(lab, "dcgmi", "diag", "-r", "1")
+    assert healthy.returncode == 0
+    assert "| DCGM Version              | 3.3.9" in healthy.stdout
+    (lab / "sys/usr/lib/provisioner-lab/dcgm.version").write_text(json.dumps({"version": "3.3.8"}))
+    assert "| DCGM Version              | 3.3.8" in run(lab, "dcgmi", "diag", "-r", "1").stdout
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout
+    pid_file = lab / "sys/var/run/nvhostengine.pid"
+    for stopped in (dead, None):  # a PID file naming a process that ended, then none at all (nvidia-dcgm stopped)
+        if stopped is None:
+            pid_file.unlink()
+        else:
+            pid_file.write_text(stopped)
+        done = run(lab, "dcgmi", "diag", "-r", "1")
+        assert done.returncode == 1
+        assert done.stdout.splitlines()[-1] == ("Error: Unable to connect to host engine. Host engine connection "
+                                                "invalid/disconnected.")
+
+
+def test_nv_hostengine_keeps_one_instance_through_its_pid_file_and_removes_it_when_stopped(lab: Path) -> None:
+    pid_file = lab / "sys/var/run/nvhostengine.pid"
+    pid_file.unlink()
+    env = {**os.environ, "PROVISIONER_LAB_SYSROOT": str(lab / "sys")}
+    engine = Path(__file__).resolve().parents[2] / "provisioner/lab/packages/files/nv-hostengine"
+    proc = subprocess.Popen([sys.executable, str(engine), "-n", "--service-account", "nvidia-dcgm"], env=env,
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline() == "DCGM initialized\n"
+        assert proc.stdout.readline() == "Started host engine version 3.3.9 using port number: 5555\n"
+        assert pid_file.read_text() == f"{proc.pid}\n"
+        assert run(lab, "dcgmi", "diag", "-r", "1").returncode == 0
+        second = subprocess.run([sys.executable, str(engine), "-n"], env=env, capture_output=True, text=True,
+                                check=False)
+        assert (second.returncode, second.stderr) == (1, f"Host engine already running with pid {proc.pid}\n")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+    assert proc.returncode == 0 and not pid_file.exists()
+    assert run(lab, "dcgmi", "diag", "-r", "1").returncode == 1

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from provisioner.errors import LabError
+from provisioner.lab.image import lab_files
 from provisioner.lab.packages import VendorVersions, recipes_for
 from provisioner.lab.vendor_repo import (
     KEYRING_NAME,
@@ -157,6 +158,19 @@ def test_real_package_names_and_versions() -> None:
     assert {"mlnx-ofed-basic", "mlnx-ofed-all"} <= mlnx and "doca-ofed" not in mlnx
     closed = {r.name for r in recipes_for(replace(PINNED, driver_flavor="proprietary"))}
     assert "nvidia-driver-550" in closed and "nvidia-dkms-550" in closed
+
+
+def test_dcgm_is_packaged_like_the_cuda_repository_and_only_there(repo: RepoInfo, tmp_path: Path) -> None:
+    """datacenter-gpu-manager 1:<dcgm> (epoch 1) carries dcgmi, nv-hostengine and the nvidia-dcgm unit; the image no
+    longer puts dcgmi on every node, so only a node the dcgm role converged has it."""
+    assert ("datacenter-gpu-manager", "1:3.3.9") in {r.key for r in recipes_for(PINNED)}
+    assert ("datacenter-gpu-manager", "1:3.3.8") in {r.key for r in recipes_for(replace(PINNED, dcgm="3.3.8"))}
+    root = _extract(repo, "datacenter-gpu-manager", "1%3a3.3.9", tmp_path / "dcgm")
+    assert (root / "usr/bin/dcgmi").is_file() and (root / "usr/bin/nv-hostengine").is_file()
+    unit = (root / "usr/lib/systemd/system/nvidia-dcgm.service").read_text()
+    assert "ExecStart=/usr/bin/nv-hostengine -n --service-account nvidia-dcgm\n" in unit
+    assert json.loads((root / "usr/lib/provisioner-lab/dcgm.version").read_text()) == {"version": "3.3.9"}
+    assert not [path for path in lab_files() if path.endswith("/dcgmi")]
 
 
 def test_conflicting_duplicates_are_refused() -> None:

@@ -80,6 +80,8 @@ class VendorVersions:
     :func:`kernel_recipes`. Off by default: an installed linux-headers stand-in would satisfy roles that
     install the headers when the lab hides them."""
     perftest_cuda: str = "25.10.0-0.128"
+    dcgm: str = "3.3.9"
+    """DCGM 3.x: ``datacenter-gpu-manager`` ``1:<dcgm>`` (:func:`dcgm_recipe`)."""
 
     @property
     def driver_branch(self) -> str:
@@ -492,6 +494,48 @@ def perftest_cuda_recipe(v: VendorVersions) -> PackageRecipe:
     )
 
 
+DCGM_USER = "nvidia-dcgm"
+DCGM_UNIT = f"""[Unit]
+Description=NVIDIA DCGM service
+Conflicts=dcgm.service
+
+[Service]
+ExecStart=/usr/bin/nv-hostengine -n --service-account {DCGM_USER}
+Restart=on-abort
+
+[Install]
+WantedBy=multi-user.target
+"""
+"""The unit DCGM 3.x ships as /usr/lib/systemd/system/nvidia-dcgm.service (the command line every public
+``systemctl status nvidia-dcgm`` shows); the package enables nothing: NVIDIA's guide says ``systemctl --now enable
+nvidia-dcgm``, which the dcgm role does."""
+
+
+def dcgm_recipe(v: VendorVersions) -> PackageRecipe:
+    """``datacenter-gpu-manager`` ``1:<dcgm>`` (epoch 1, as the CUDA repository publishes DCGM 3.x): ``dcgmi`` (the
+    simulated diagnostic), the stand-in ``nv-hostengine`` and the ``nvidia-dcgm`` unit where DCGM 3.x installs them
+    (NVIDIA/DCGM scripts/verify_package_contents/datacenter-gpu-manager_VERSION_amd64.deb.txt); its postinst makes
+    the ``nvidia-dcgm`` service account and /var/log/nvidia-dcgm as the real one does (scripts/deb/postinst)."""
+    return PackageRecipe(
+        name="datacenter-gpu-manager",
+        version=f"1:{v.dcgm}",
+        description="NVIDIA Datacenter GPU Manager (dcgmi, nv-hostengine), lab stand-in",
+        section="utils",
+        files=_present(
+            _tool("dcgmi", "/usr/bin/dcgmi"),
+            _data_file("nv-hostengine", "/usr/bin/nv-hostengine"),
+            _text("/usr/lib/systemd/system/nvidia-dcgm.service", DCGM_UNIT),
+            _text(f"{LAB_LIB}/dcgm.version", json.dumps({"version": v.dcgm}) + "\n"),
+        ),
+        postinst=(
+            "#!/bin/sh\nset -e\n"
+            f"if [ \"$1\" = configure ] && ! getent passwd {DCGM_USER} >/dev/null; then\n"
+            f"    useradd --system --user-group --no-create-home --shell /usr/sbin/nologin {DCGM_USER}\nfi\n"
+            f"mkdir -p /var/log/nvidia-dcgm\nchown {DCGM_USER}:{DCGM_USER} /var/log/nvidia-dcgm\nexit 0\n"
+        ),
+    )
+
+
 def _ofed_component_version(v: VendorVersions) -> str:
     """``24.10-1.1.4.0`` -> ``24.10.OFED.24.10.1.1.4.0-1`` (MLNX kernel-package pattern)."""
     short = v.ofed.split("-", 1)[0]
@@ -706,4 +750,4 @@ def recipes_for(v: VendorVersions) -> list[PackageRecipe]:
     """Every stand-in package of one pinned software set."""
     kernel = kernel_recipes(os.uname().release) if v.kernel_packages else []
     return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v),
-            perftest_cuda_recipe(v), *kernel]
+            perftest_cuda_recipe(v), dcgm_recipe(v), *kernel]
