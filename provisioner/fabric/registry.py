@@ -97,6 +97,12 @@ def _has_gpus(cluster: Cluster) -> bool:
     return any(n.gpu_count for n in cluster.nodes)
 
 
+def _installs_dcgm(cluster: Cluster) -> bool:
+    """The spec pins software.dcgm: the gpu_stack play then runs the dcgm role (dcgmi, nv-hostengine) on its GPU
+    nodes, so the diagnostic belongs to its acceptance without being listed."""
+    return cluster.spec.software.dcgm is not None
+
+
 def _dcgm_label(cluster: Cluster, mode: str | None) -> str:
     nvswitch = any(n.nvswitch and n.gpu_count for n in cluster.nodes)
     return (f"dcgm: dcgmi diag -r {cluster.spec.verify.dcgm.level} on every GPU node"
@@ -142,7 +148,7 @@ CHECKS: tuple[Check, ...] = (
           every_node=False, planned=plans_cabling),
     Check("dcgm", "provisioner.fabric.dcgm", ("dcgm", "nvswitch_fabric"),
           "dcgmi diag on every GPU node, the NVSwitch fabric trained",
-          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs"),
+          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs", planned=_installs_dcgm),
     Check("bandwidth", "provisioner.fabric.bandwidth", ("bandwidth", "fabric_load"),
           "ib_write_bw per rail between pairs, then every port at once",
           _bandwidth_label),

@@ -221,7 +221,9 @@ class Software(Strict):
                               "(linux-rdma/perftest tag) for the GPUDirect bandwidth check.")
     lustre_client: Version | None = Field(None, description="Lustre client version, when Lustre mounts exist.")
     dcgm: Version | None = Field(None, description="DCGM (datacenter-gpu-manager 3.x, e.g. \"3.3.9\") the dcgm role "
-                                 "pins on the GPU nodes for verify's dcgm check; unset: not installed.")
+                                 "pins on the GPU nodes; with it verify runs its dcgm check by default (dcgmi diag "
+                                 "-r verify.dcgm.level); unset: not installed, and the check runs only when "
+                                 "verify.tests lists it.")
     nccl_env: dict[NcclName, NcclValue] = Field(
         default_factory=dict, description="NCCL settings for /etc/nccl.conf on every GPU node, over those the spec "
         "implies (NCCL_IB_HCA, ...): e.g. what `provision tune` measured and recommends.")

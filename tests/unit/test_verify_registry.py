@@ -123,13 +123,28 @@ def test_cli_help_lists_every_check_with_its_help(capsys: pytest.CaptureFixture[
                              "nccl", "memlock", "storage"]),
     # no iblinkinfo on RoCE, and no subnet manager: sm no longer goes with links there (it ran and reported nothing)
     ("roce-200g-4node.yaml", ["links", "versions", "pcie", "bandwidth", "gpudirect", "nccl"]),
-    ("lab/cluster.yaml", EVERY),
+    # the lab spec pins software.dcgm: the dcgm role is in its converge, so dcgm runs without being listed
+    ("lab/cluster.yaml", [*EVERY[:6], "dcgm", *EVERY[6:]]),
 ])
 def test_default_set_per_example_spec(example: str, want: list[str]) -> None:
     """The sets select_tests gave before the registry (recorded from it), now in run order; on RoCE without sm;
     pcie goes with gpudirect (the path GPUDirect runs over)."""
     cluster, _ = load_cluster(EXAMPLES / example, None)
     assert verify.select_tests(cluster, None) == registry.default_for(cluster) == want
+
+
+def test_dcgm_runs_by_default_where_the_converge_installs_it_and_not_elsewhere() -> None:
+    """The gpu_stack play runs the dcgm role on the GPU nodes of a spec that pins software.dcgm: that spec gets the
+    dcgm check without listing it, at verify.dcgm.level (default 1); without the pin (no dcgmi on the nodes) it
+    runs only when listed (and never without GPUs: the registry's needs)."""
+    text = (EXAMPLES / "a100-hdr-4node.yaml").read_text()
+    assert "dcgm" not in text
+    pinned = load_text(text.replace("software:\n", 'software:\n  dcgm: "3.3.9"\n', 1), "cluster.yaml").cluster
+    plain = load_text(text, "cluster.yaml").cluster
+    assert pinned is not None and plain is not None
+    assert "dcgm" in registry.default_for(pinned) and "dcgm" not in registry.default_for(plain)
+    assert pinned.spec.verify.dcgm.level == 1
+    assert registry.progress_label(registry.BY_NAME["dcgm"], pinned, None).startswith("dcgm: dcgmi diag -r 1 ")
 
 
 # -- a run that would check nothing never passes ---------------------------------------------------------------
