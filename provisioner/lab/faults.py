@@ -197,7 +197,8 @@ def apply_fault(
     elif kind == "acs_enabled":
         # the PCIe switch ports between each GPU and its HCAs redirect peer-to-peer traffic (the lab's lspci shows
         # ACSCtl ReqRedir+ CmpltRedir+ on them): a PLX/Broadcom switch's power-on default when nothing disables it
-        record["saved"] = {"pcie_acs": node.get("pcie_acs")}
+        # (and what setpci wrote to their ACS Control registers is gone, as after the reboot that brings it back)
+        record["saved"] = {"pcie_acs": node.get("pcie_acs"), "acs_ctl": node.pop("acs_ctl", None)}
         node["pcie_acs"] = True
     elif kind == "memlock_low":
         kib = int(params.get("kib", 64))
@@ -376,9 +377,10 @@ def revert_fault(
                 if value is not None:
                     target[key] = value
     elif kind == "acs_enabled":
-        node.pop("pcie_acs", None)
-        if record["saved"]["pcie_acs"] is not None:
-            node["pcie_acs"] = record["saved"]["pcie_acs"]
+        for key in ("pcie_acs", "acs_ctl"):
+            node.pop(key, None)
+            if record["saved"].get(key) is not None:
+                node[key] = record["saved"][key]
     elif kind == "nccl_slow":
         node.pop("nccl_factor", None)
         if record["saved"]["nccl_factor"] is not None:

@@ -63,7 +63,7 @@ LAB_MODULES = ("labstate.py", "labkernel.py", "fabsim_common.py", "fabsim_fabric
 """Shared stdlib modules the simulated tools import from /usr/lib/provisioner-lab."""
 MAD_TOOLS = ("sminfo", "saquery", "iblinkinfo", "ibnetdiscover", "ibqueryerrors")
 """Simulated MAD queries (real ones need an HCA); they shadow Debian's infiniband-diags."""
-HARDWARE_TOOLS = ("lspci",)
+HARDWARE_TOOLS = ("lspci", "setpci")
 """Tools that read the simulated PCI hardware (node.json); they shadow Debian's pciutils."""
 IPOIB_CHILD_TOOL = "/usr/local/sbin/plab-ipoib-children"
 """nodetools/ipoib_child_sim.py: the lab's stand-in for ib_ipoib's create_child (docs/lab-hardware-model.md)."""

@@ -269,6 +269,54 @@ def test_acs_enabled_names_the_switch_ports_and_clears(lab: str) -> None:
     assert _pcie(lab, "gpu01").passed and "pcie_acs" not in labstate.load_node(lab, "gpu01")
 
 
+def _setpci(lab: str, host: str, *args: str) -> subprocess.CompletedProcess[str]:
+    import os
+    import sys
+
+    tool = Path(faults.__file__).resolve().parent / "simtools" / "setpci"
+    env = {**os.environ, "PROVISIONER_LAB_ROOT": lab, "PROVISIONER_LAB_HOST": host}
+    return subprocess.run([sys.executable, str(tool), *args], capture_output=True, text=True, env=env, check=False)
+
+
+def test_setpci_reads_and_writes_acs_control_where_lspci_shows_the_capability(lab: str) -> None:
+    assert _setpci(lab, "gpu01", "-s", "0000:00:01.0", "ECAP_ACS+0x6.w").stdout == "001d\n"  # root port: redirect
+    assert _setpci(lab, "gpu01", "-s", "16:00.0", "ECAP_ACS+0x6.w").stdout == "0000\n"  # switch port, healthy
+    faults.inject(lab, "gpu01", "acs_enabled")
+    assert _setpci(lab, "gpu01", "-s", "0000:16:00.0", "ECAP_ACS+0x6.w").stdout == "001d\n"
+    gpu = _setpci(lab, "gpu01", "-s", "0000:18:00.0", "ECAP_ACS+0x6.w")  # the GPU endpoint: no ACS capability
+    assert (gpu.returncode, gpu.stderr) == (1, "setpci: 0000:18:00.0: Instance #0 of Extended capability 000d not "
+                                               "found - there are no capabilities with that id.\n")
+    none = _setpci(lab, "gpu01", "-s", "0000:ff:1f.7", "ECAP_ACS+0x6.w=0000")
+    assert (none.returncode, none.stderr) == (0, "setpci: Warning: No devices selected for operation group 1.\n")
+    assert _setpci(lab, "gpu01", "-s", "0000:16:00.0", "CAP_EXP+0x10.w").returncode == 1  # not simulated
+    assert _setpci(lab, "gpu01", "-D", "-s", "0000:16:00.0", "ECAP_ACS+0x6.w=0000").returncode == 0  # shows only
+    assert _setpci(lab, "gpu01", "-s", "0000:16:00.0", "ECAP_ACS+0x6.w").stdout == "001d\n"
+
+
+def test_the_nvidia_peermem_acs_script_clears_acs_enabled_until_the_next_boot(lab: str) -> None:
+    """The role's script (pcie_acs_disable), run against the simulated lspci and setpci, clears what acs_enabled
+    set, as verify's pcie check judges it; the fault again (a reboot: the switch's power-on default) brings it back,
+    which is why the role runs it from a boot unit."""
+    import os
+
+    from tests.unit.test_peermem_acs_role import _render
+
+    faults.inject(lab, "gpu01", "acs_enabled")
+    assert not _pcie(lab, "gpu01").passed
+    script = Path(lab) / "acs.sh"
+    script.write_text(_render("pcie-acs-disable.sh.j2"))
+    tools = Path(faults.__file__).resolve().parent / "simtools"
+    env = {**os.environ, "PATH": f"{tools}:{os.environ['PATH']}", "PROVISIONER_LAB_ROOT": lab,
+           "PROVISIONER_LAB_HOST": "gpu01"}
+    done = subprocess.run(["sh", str(script)], env=env, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    assert _pcie(lab, "gpu01").passed
+    assert _setpci(lab, "gpu01", "-s", "0000:00:01.0", "ECAP_ACS+0x6.w").stdout == "0000\n"  # every ACS port
+    faults.clear(lab, "gpu01", "acs_enabled")
+    faults.inject(lab, "gpu01", "acs_enabled")
+    assert not _pcie(lab, "gpu01").passed
+
+
 @pytest.mark.parametrize(("params", "message"), [
     ({"device": "mlx5_1", "width": "3"}, "width='3' is not one of 1, 2, 4, 8, 16"),
     ({"width": "8"}, "pcie_degraded needs device"),
