@@ -17,12 +17,7 @@ from typing import Any
 import paramiko
 import pytest
 
-from provisioner.errors import RemoteError, UsageError
-from provisioner.fabric.findings import CheckResult
-from provisioner.hostkeys import fingerprint, recorded_host_keys, replace_host_key
-from provisioner.phases import NullReporter, RunOptions
-from provisioner.remote import Completed, SshTarget
-from provisioner.replace import (
+from provisioner.day2.replace import (
     HostKeyRefused,
     _Capture,
     check_fingerprint,
@@ -39,6 +34,11 @@ from provisioner.replace import (
     trust_new_key,
     verify_tests,
 )
+from provisioner.errors import RemoteError, UsageError
+from provisioner.fabric.findings import CheckResult
+from provisioner.hostkeys import fingerprint, recorded_host_keys, replace_host_key
+from provisioner.phases import NullReporter, RunOptions
+from provisioner.remote import Completed, SshTarget
 from provisioner.report import VerifyReport
 from provisioner.spec import load_cluster
 from provisioner.spec.cluster import Cluster
@@ -388,7 +388,7 @@ def _report(failed: bool = False) -> VerifyReport:
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch, spec: Path) -> dict[str, Any]:
     new = paramiko.ECDSAKey.generate()
-    monkeypatch.setattr("provisioner.replace.fetch_host_key", lambda target, timeout=10.0: new)
+    monkeypatch.setattr("provisioner.day2.replace.fetch_host_key", lambda target, timeout=10.0: new)
     remote = FakeRemote({"ibstat": Completed(0, IBSTAT, "")})
     verified: list[tuple[str, list[str]]] = []
 
@@ -468,7 +468,7 @@ def test_replace_node_failing_verification_exits_1(spec: Path, tmp_path: Path, s
 def test_unhealthy_nodes_come_from_the_last_run_and_the_last_verify(tmp_path: Path) -> None:
     import json
 
-    from provisioner.replace import unhealthy_nodes
+    from provisioner.day2.replace import unhealthy_nodes
     from provisioner.state import save_journal
 
     assert unhealthy_nodes(tmp_path) == set()

@@ -16,11 +16,8 @@ from typing import Any
 
 import pytest
 
-from provisioner.fabric.findings import CheckResult, Finding
-from provisioner.phases import RunOptions
-from provisioner.plan import make_plan
-from provisioner.report import VerifyReport
-from provisioner.rolling import (
+from provisioner.day2.plan import make_plan
+from provisioner.day2.rolling import (
     Rolling,
     batch_failures,
     busy_peers,
@@ -30,6 +27,9 @@ from provisioner.rolling import (
     resume_command,
     summary_lines,
 )
+from provisioner.fabric.findings import CheckResult, Finding
+from provisioner.phases import RunOptions
+from provisioner.report import VerifyReport
 from provisioner.slurm.ctl import NodeState, SlurmError
 from provisioner.slurm.membership import spec_membership
 from provisioner.spec.cluster import Cluster

@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import interrupt
+from provisioner.day2.rolling import batch_failures, busy_peers, pick_batch_peers, verify_batch
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.health import NodeHealth, check_nodes
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
-from provisioner.rolling import batch_failures, busy_peers, pick_batch_peers, verify_batch
 from provisioner.slurm.ctl import SlurmCtl
 from provisioner.slurm.membership import Membership, current, load_swaps, record_swap
 from provisioner.spec.cluster import Cluster

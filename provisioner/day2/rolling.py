@@ -1,6 +1,6 @@
 """``provision cluster.yaml --rolling``: converge a running cluster a batch at a time, the way ops do on Slurm.
 
-Per batch of :mod:`provisioner.plan`:
+Per batch of :mod:`provisioner.day2.plan`:
 
 1. **drain** the batch's Slurm nodes (``scontrol update State=DRAIN Reason="provision rolling <id> ..."``): no
    new job starts there; running jobs go on. A node that was drained before the run is noted and left drained
@@ -35,9 +35,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provisioner.day2.plan import Batch, Plan
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
-from provisioner.plan import Batch, Plan
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
 from provisioner.safetext import printable
@@ -201,7 +201,7 @@ def busy_peers(ctl: SlurmCtl | None, cluster: Cluster, batch: Sequence[str], pro
 def verify_batch(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], directory: Path, progress: Progress,
                  remote: Remote | None = None) -> VerifyReport:
     """The batch against its peers, one merged report under ``directory`` (see the module docstring)."""
-    from provisioner.replace import sm_nodes, subset
+    from provisioner.day2.replace import sm_nodes, subset
     from provisioner.verify import verify, write_reports
 
     wanted = set(cluster.spec.verify.tests)
@@ -414,10 +414,10 @@ def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | No
                 remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
                 converge: Converge = provision_run, verifier: Verifier = verify_batch) -> RollingJournal:
     """A rolling run from the spec: plan it (or pick up the last stopped one with ``resume``), then run it."""
+    from provisioner.day2.plan import make_plan
+    from provisioner.day2.replace import unhealthy_nodes
     from provisioner.drift import fetch_manifests
-    from provisioner.plan import make_plan
     from provisioner.remote import SshRemote, targets_from_cluster
-    from provisioner.replace import unhealthy_nodes
     from provisioner.slurm.membership import current
     from provisioner.spec import load_cluster
 
