@@ -52,6 +52,9 @@ class Check:
     """Why it has nothing to check when :attr:`needs` says so ("the spec plans no IPoIB interfaces")."""
     planned: Callable[[Cluster], bool] | None = None
     """Added to the default set when this says the spec plans something it checks, listed or not."""
+    traffic: bool = False
+    """It loads the fabric or the GPUs (DCGM's diagnostic loads the GPUs): kept off nodes running Slurm jobs
+    (:func:`provisioner.verify.verify`'s ``include_busy``)."""
 
 
 def plans_cabling(cluster: Cluster) -> bool:
@@ -142,16 +145,16 @@ CHECKS: tuple[Check, ...] = (
           every_node=False, planned=plans_cabling),
     Check("dcgm", "provisioner.fabric.dcgm", ("dcgm", "nvswitch_fabric"),
           "dcgmi diag on every GPU node, the NVSwitch fabric trained",
-          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs"),
+          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs", traffic=True),
     Check("bandwidth", "provisioner.fabric.bandwidth", ("bandwidth", "fabric_load"),
           "ib_write_bw per rail between pairs, then every port at once",
-          _bandwidth_label),
+          _bandwidth_label, traffic=True),
     Check("gpudirect", "provisioner.fabric.gpudirect", ("gpudirect", "gpudirect_bandwidth"),
           "GPUDirect RDMA loaded, GPU–NIC affinity, ib_write_bw --use_cuda",
-          _gpudirect_label),
+          _gpudirect_label, traffic=True),
     Check("nccl", "provisioner.fabric.nccl", ("nccl",),
           "all_reduce_perf across the GPU compute nodes",
-          "nccl: all_reduce_perf across the compute nodes"),
+          "nccl: all_reduce_perf across the compute nodes", traffic=True),
     Check("memlock", "provisioner.fabric.memlock", ("memlock",),
           "jobs of verify.user may lock unlimited memory (RDMA registration)",
           "memlock: the locked-memory limit a job of verify.user gets on each GPU node (srun, else runuser)",
