@@ -160,7 +160,6 @@ def parse_cmd(
 
 def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
     """The verify and report phases of a run, as Python steps of the run engine (on the run's loaded spec)."""
-    from provisioner.day2.replace import subset
     from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
     from provisioner.report.model import nccl_line
     from provisioner.state import record_hardware
@@ -172,7 +171,7 @@ def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
         # only the hosts this phase runs on (set-aside ones would cost an SSH timeout per probe and their
         # findings are dropped anyway), plus the SM/NFS server nodes the fabric and storage checks need
         keep = set(ctx.hosts) | {n.name for n in loaded.nodes if set(n.roles) & set(CRITICAL_ROLES)}
-        cluster = subset(loaded, [n.name for n in loaded.nodes if n.name in keep])
+        cluster = loaded.subset([n.name for n in loaded.nodes if n.name in keep])
         run = verify(cluster, state_dir=out_dir, progress=_progress("verify"))
         last["run"] = run
         for node, guids in run.inventory.items():

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import interrupt
-from provisioner.day2.rolling import batch_failures, busy_peers, pick_batch_peers, verify_batch
+from provisioner.day2 import peers as peers_mod
+from provisioner.day2.peers import DEFAULT_PEERS
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.health import NodeHealth, check_nodes
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
@@ -160,10 +161,10 @@ class Failover:
     ctl: SlurmCtl
     remote: Remote
     overlay: str | None = None
-    peers: int = 2
+    peers: int = DEFAULT_PEERS
     progress: Progress = lambda _m: None
     reporter: Reporter = field(default_factory=NullReporter)
-    verifier: Callable[..., VerifyReport] = verify_batch
+    verifier: Callable[..., VerifyReport] = peers_mod.verify
     converge: Callable[..., Any] = provision_run
     persist: bool = True
     verify_remote: Remote | None = None
@@ -277,14 +278,14 @@ class Failover:
         health = check_nodes(self.cluster, self.remote, [spare])[spare]
         if not health.ok:
             return f"health: {health.summary()}"
-        peers = pick_batch_peers(self.cluster, [spare], [], unhealthy, self.peers,
-                                 busy_peers(self.ctl, self.cluster, [spare], self.progress))
+        peers = peers_mod.pick(self.cluster, [spare], unhealthy, self.peers,
+                               busy=peers_mod.busy_peers(self.ctl, self.cluster, [spare], self.progress))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         directory = self.state_dir / FAILOVER_DIR / f"{stamp}-{result.node}" / f"verify-{spare}"
         self.progress(f"verify spare {spare} against {', '.join(peers) or 'no peer'}")
         report = self.verifier(self.cluster, [spare], peers, directory, self.progress, remote=self.verify_remote)
         result.peers, result.report_dir = peers, str(directory)
-        failures = batch_failures(report, [spare])
+        failures = peers_mod.batch_failures(report, [spare])
         return f"verify: {failures[0]}" if failures else None
 
     def _save(self, result: FailoverResult) -> None:
@@ -379,7 +380,7 @@ def _reason(h: NodeHealth) -> str:
     return h.summary()[:150]
 
 
-def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None, peers: int = 2,
+def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None, peers: int = DEFAULT_PEERS,
                   progress: Progress = lambda _m: None, reporter: Reporter | None = None,
                   remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
                   persist: bool = True, command: str = "provision failover") -> Failover:
