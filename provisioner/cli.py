@@ -660,7 +660,8 @@ def watch_cmd(
     <state>/failover/, the node stays drained).
     """
     from provisioner import interrupt
-    from provisioner.day2.failover import Watch, make_failover
+    from provisioner.day2.failover import make_failover
+    from provisioner.day2.watch import Watch
 
     def log(m: str) -> None:
         err.print(f"[watch {datetime_now()}] {m}", markup=False)
