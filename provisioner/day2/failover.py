@@ -38,7 +38,7 @@ from typing import Any
 
 from provisioner import interrupt
 from provisioner.day2 import peers as peers_mod
-from provisioner.day2.peers import DEFAULT_PEERS
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.health import check_nodes
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
@@ -52,7 +52,6 @@ from provisioner.state import day2_lock, state_dir_for, utcnow, write_json_atomi
 FAILOVER_DIR = "failover"
 OUR_DRAIN = "provision failover"
 """How a failover's drain reasons start: a drain with another reason is someone else's and never resumed here."""
-Progress = Callable[[str], None]
 
 
 class NoSpare(ProvisionerError):

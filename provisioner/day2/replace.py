@@ -35,7 +35,7 @@ from typing import Any
 
 from provisioner import hostkeys
 from provisioner.day2 import peers as peers_mod
-from provisioner.day2.peers import DEFAULT_PEERS
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.errors import ParseError, ProvisionerError, RemoteError, UsageError
 from provisioner.fabric import links
 from provisioner.hostkeys import (
@@ -92,7 +92,6 @@ SYSFS_PROBE = (
 BOARD_PROBE = "cat /sys/class/dmi/id/board_serial 2>/dev/null || dmidecode -s baseboard-serial-number 2>/dev/null"
 GPU_PROBE = ["nvidia-smi", "--query-gpu=index,serial", "--format=csv,noheader"]
 
-Progress = Callable[[str], None]
 
 
 class HostKeyRefused(ProvisionerError):

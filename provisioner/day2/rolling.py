@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from provisioner.day2 import peers as peers_mod
-from provisioner.day2.peers import DEFAULT_PEERS
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.day2.plan import Batch, Plan
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
@@ -51,7 +51,6 @@ ROLLING_DIR = "rolling"
 JOURNAL = "rolling.json"
 DEFAULT_MAX_WAIT_S = 3600.0
 
-Progress = Callable[[str], None]
 
 
 @dataclass

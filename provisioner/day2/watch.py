@@ -9,7 +9,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from provisioner.day2.failover import Failover, FailoverResult, Progress, Timeline, summary_lines
+from provisioner.day2.failover import Failover, FailoverResult, Timeline, summary_lines
+from provisioner.day2.peers import Progress
 from provisioner.errors import ProvisionerError
 from provisioner.health import NodeHealth, check_nodes
 from provisioner.slurm.membership import current
