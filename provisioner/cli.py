@@ -161,7 +161,7 @@ def parse_cmd(
 def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
     """The verify and report phases of a run, as Python steps of the run engine (on the run's loaded spec)."""
     from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
-    from provisioner.report.model import nccl_line
+    from provisioner.report.model import nccl_lines
     from provisioner.state import record_hardware
     from provisioner.verify import verify
 
@@ -194,7 +194,7 @@ def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
         for f in run.report.findings():
             err.print(f"{f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}",
                       markup=False)
-        for line in map(nccl_line, run.report.nccl_runs()):
+        for line in nccl_lines(run.report):
             err.print(line, markup=False)
         return StepOutcome(note=f"reports: {run.directory}")
 
@@ -470,7 +470,7 @@ def verify_cmd(
     from provisioner.errors import UsageError
     from provisioner.fabric.nccl import LAUNCHES
     from provisioner.report import to_html, to_json, to_junit
-    from provisioner.report.model import nccl_line
+    from provisioner.report.model import nccl_lines
     from provisioner.spec import hostlist
     from provisioner.verify import verify
 
@@ -504,7 +504,7 @@ def verify_cmd(
                 not_run.setdefault((c.name, c.error or ""), []).append(c.node or "cluster")
         for (name, why), nodes in not_run.items():
             out.print(f"NOT RUN {name} {hostlist.compress(nodes)}: {printable(why)}", markup=False)
-        for line in map(nccl_line, run.report.nccl_runs()):
+        for line in nccl_lines(run.report):
             out.print(line, markup=False)
         out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
     raise typer.Exit(run.exit_code)

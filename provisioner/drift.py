@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from provisioner import hcafw
 from provisioner.errors import ProvisionerError
 from provisioner.spec.cluster import Cluster
 from provisioner.state import utcnow, write_json_atomic
@@ -234,7 +235,15 @@ def peer_groups(cluster: Cluster) -> dict[str, list[str]]:
 
 def compare(cluster: Cluster, manifests: Mapping[str, Manifest]) -> list[DriftFinding]:
     """Every drift finding for these manifests: against the spec first, then between peers."""
-    return spec_findings(node_pins(cluster), manifests) + peer_findings(peer_groups(cluster), manifests)
+    return (spec_findings(node_pins(cluster), manifests) + hca_findings(cluster, manifests)
+            + peer_findings(peer_groups(cluster), manifests))
+
+
+def hca_findings(cluster: Cluster, manifests: Mapping[str, Manifest]) -> list[DriftFinding]:
+    """HCAs whose running firmware or next-boot mlxconfig value differs from ``software.hca_firmware``."""
+    hf = cluster.spec.software.hca_firmware
+    return [DriftFinding("spec", m.node, f"{m.item}:{m.device}", m.want, m.have, m.message)
+            for node in sorted(manifests) for m in hcafw.mismatches(hf, node, manifests[node])]
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from provisioner.fabric import (
     load,
     memlock,
     nccl,
+    nccl_node,
     pcie,
     reach,
     registry,
@@ -384,7 +385,16 @@ class _Verifier:
         self.checks += [dcgm.fabric_result(n, done) for n, done in
                         sorted(self.on_all(list(dcgm.FABRIC_ARGV), fabric).items())] if fabric else []
 
+    def nccl_single_node(self) -> None:
+        """all_reduce_perf across each quiet GPU node's own GPUs, the network disabled (:mod:`nccl_node`)."""
+        cfg = self.cluster.spec.verify.nccl
+        nodes = {n.name: n for n in nccl_node.node_nodes(self.traffic()) if n.name not in self.lost}
+        probes = self.remote.run_many({name: nccl_node.argv(n, cfg) for name, n in nodes.items()},
+                                      timeout=nccl_node.TIMEOUT_S) if nodes else {}
+        self.checks += [nccl_node.node_result(nodes[name], cfg, done) for name, done in sorted(probes.items())]
+
     def nccl(self) -> None:
+        self.nccl_single_node()
         every = sorted(n.name for n in self.cluster.nodes_with_role("compute") if n.gpu_count)
         cluster = self.traffic()
         gpu_nodes = [n for n in every if n not in self.lost and n not in self.busy]

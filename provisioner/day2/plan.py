@@ -5,9 +5,11 @@ copies of the last run with ``--cached``) and compared with the spec's pins.
 Per node, each pinned component whose installed version differs (:func:`provisioner.drift.node_pins`) is a
 change, with the phase that makes it and what it disrupts:
 
-* **reboot**: a new NVIDIA driver while the old module is loaded. The module in memory stays the old one until it
-  is unloaded, and with a GPU job or nvidia-persistenced holding it, that means a reboot (the nvidia_driver role
-  reboots such a node when the spec allows it, ``reboot.allowed``).
+* **reboot**: HCA firmware or an mlxconfig parameter that differs from ``software.hca_firmware``
+  (:mod:`provisioner.hcafw`): the ofed phase flashes or sets it, the card runs it only after a reboot (or
+  mlxfwreset), which the role never does. A new NVIDIA driver while the old module is loaded: the module in
+  memory stays the old one until it is unloaded, and with a GPU job or nvidia-persistenced holding it, that means
+  a reboot (the nvidia_driver role reboots such a node when the spec allows it, ``reboot.allowed``).
 * **ofed restart**: a new DOCA-OFED/MLNX_OFED. ``openibd`` restarts: every RDMA port of the node goes down and comes
   back, nvidia_peermem is reloaded, a subnet manager on the node restarts (the standby takes over meanwhile).
 * **service restart**: fabric manager (with the driver), a Lustre client remount.
@@ -30,6 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from provisioner import hcafw
 from provisioner.drift import Manifest, ManifestError, matches_pin, node_pins, parse_manifest
 from provisioner.errors import UsageError
 from provisioner.phases import PHASE_NAMES, phase
@@ -155,10 +158,19 @@ def node_changes(cluster: Cluster, node: str, manifest: Manifest) -> list[Change
         else:
             effect, why = "none", "user-space library: jobs started after the change use it"
         changes.append(Change(pin.item, got, pin.pin, ph, effect, why))
+    changes += hca_changes(cluster, node, manifest)
     if sm and any(c.phase == "ofed" for c in changes):
         changes.append(Change("opensm", None, "(the OFED release's)", "fabric", "sm restart",
                               "opensm comes with the OFED packages: the fabric phase checks the SM after them"))
     return changes
+
+
+def hca_changes(cluster: Cluster, node: str, manifest: Manifest) -> list[Change]:
+    """Firmware and mlxconfig pins that differ on ``node``: made in the ofed phase, running only after a reboot."""
+    return [Change(f"{m.item}:{m.device}", m.have, m.want, "ofed", "reboot",
+                   "the HCA runs a new firmware image or mlxconfig value only after a reboot (or mlxfwreset); "
+                   "the role flashes/sets it and never reboots")
+            for m in hcafw.mismatches(cluster.spec.software.hca_firmware, node, manifest)]
 
 
 def node_kind(cluster: Cluster, node: str, membership: Membership) -> str:

@@ -20,13 +20,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from provisioner.fabric import dcgm, gpudirect, pcie
+from provisioner.fabric import dcgm, gpudirect, nccl_node, pcie
 from provisioner.fabric.findings import CheckResult, Finding
 from provisioner.fabric.schedule import CHECK_NAME
 
-CAUSE_RESULTS = (gpudirect.CHECK, dcgm.CHECK, dcgm.FABRIC_CHECK)
+CAUSE_RESULTS = (gpudirect.CHECK, dcgm.CHECK, dcgm.FABRIC_CHECK, nccl_node.CHECK)
 """Checks whose node-level errors are host-side causes: the GPUDirect module and GPU count, a failed DCGM
-diagnostic, an NVSwitch fabric fabric manager has not trained."""
+diagnostic, an NVSwitch fabric fabric manager has not trained, an all-reduce across the node's own GPUs (network
+disabled) below its floor or failing."""
 TRAFFIC_RESULTS = (gpudirect.BW_CHECK, "nccl")
 """Results whose findings a host-side cause on the node explains (host-memory bandwidth does not need the GPU path,
 so only a cause on the HCA itself explains it: :func:`hca_causes`)."""

@@ -161,9 +161,10 @@ CHECKS: tuple[Check, ...] = (
     Check("gpudirect", "provisioner.fabric.gpudirect", ("gpudirect", "gpudirect_bandwidth"),
           "GPUDirect RDMA loaded, GPU–NIC affinity, ib_write_bw --use_cuda",
           _gpudirect_label, traffic=True, day2="pair"),
-    Check("nccl", "provisioner.fabric.nccl", ("nccl",),
-          "all_reduce_perf across the GPU compute nodes",
-          "nccl: all_reduce_perf across the compute nodes", traffic=True, day2="together"),
+    Check("nccl", "provisioner.fabric.nccl", ("nccl", "nccl_node"),
+          "all_reduce_perf in each GPU node (NVLink), then across the nodes",
+          "nccl: all_reduce_perf in each GPU node with the network disabled (NVLink/NVSwitch), then across the "
+          "compute nodes", traffic=True, day2="together"),
     Check("memlock", "provisioner.fabric.memlock", ("memlock",),
           "jobs of verify.user may lock unlimited memory (RDMA registration)",
           "memlock: the locked-memory limit a job of verify.user gets on each GPU node (srun, else runuser)",

@@ -205,6 +205,14 @@ def hca_record(cluster: str, host: str, hca: LabHca, index: int, generation: int
     }
 
 
+def nvlink_gbps(smi_name: str) -> float:
+    """The catalog's NVLink figure (GB/s per GPU, one direction) of the GPU ``nvidia-smi`` names; 0 for none: the
+    simulated all_reduce_perf reads it from node.json (it runs on the node, without the catalog)."""
+    from provisioner.spec.catalog import GPU_MODELS
+
+    return float(next((m.nvlink_gbps for m in GPU_MODELS.values() if m.smi_name == smi_name), 0))
+
+
 def node_state(cluster: str, spec: LabNodeSpec, generation: int = 0,
                pool: _GuidPool | None = None) -> dict[str, Any]:
     """The whole node.json for a spec at a hardware generation."""
@@ -217,6 +225,7 @@ def node_state(cluster: str, spec: LabNodeSpec, generation: int = 0,
         "reachable": True,
         "gpus": gpu_records(cluster, spec, generation),
         "nvswitch": spec.nvswitch,
+        "nvlink_gbps": nvlink_gbps(spec.gpu_model),
         "hcas": [hca_record(cluster, spec.hostname, h, i, generation, pool) for i, h in enumerate(spec.hcas)],
         "faults": [],
     }

@@ -11,6 +11,7 @@ import functools
 from dataclasses import dataclass, field
 from typing import Any, overload
 
+from provisioner import hcafw
 from provisioner.render import ipoib as ipoib_render
 from provisioner.render.ssh import Hop, ssh_common_args
 from provisioner.spec.cluster import Cluster, Node
@@ -326,6 +327,7 @@ def _all_vars(cluster: Cluster, inv: Inventory, partitions: list[dict[str, Any]]
         "perftest_cuda_version": spec.software.perftest,
         "doca_ofed_flavor": spec.software.ofed.flavor,
         "doca_ofed_version": spec.software.ofed.version,
+        **hcafw.role_vars(spec.software.hca_firmware),
         "lustre_client_version": spec.software.lustre_client,
         "dcgm_version": spec.software.dcgm,
         "lustre_client_built_against_ofed": ipoib_render.built_against_ofed(spec),

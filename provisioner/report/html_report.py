@@ -177,30 +177,34 @@ def _heatmaps(report: VerifyReport) -> str:
     return "".join(parts)
 
 
-def _nccl(report: VerifyReport) -> str:
-    """The all-reduce figures: measured, expected from the spec's links, efficiency (coloured as the heatmaps)."""
-    runs = report.nccl_runs()
-    if not runs:
-        return "<p>No NCCL all-reduce figure in this run.</p>"
-
+def _nccl_row(r: Mapping[str, float | str | None], label: str, css: str) -> str:
+    """One all-reduce run as a table row, its efficiency coloured as the heatmaps."""
     def num(value: object, fmt: str) -> str:
         return format(value, fmt) if isinstance(value, float) else "–"
 
-    rows = []
-    for r in runs:
-        eff = r.get("efficiency")
-        colour = f' style="background:{_colour(eff)}"' if isinstance(eff, float) else ""
-        cells = [f'<th scope="row">{_e(r.get("group") or "all GPU nodes")}</th>',
-                 f'<td>{num(r.get("busbw_gbps"), ".1f")}</td>',
-                 f'<td>{num(r.get("expected_busbw_gbps"), "g")} <span class="meta">{_e(r.get("expected_from") or "")}'
-                 "</span></td>",
-                 f'<td class="efficiency"{colour}>{num(eff, ".0%")}</td>',
-                 f'<td>{num(r.get("floor_gbps"), "g")} <span class="meta">{_e(r.get("floor_from") or "")}</span></td>']
-        rows.append(f'<tr class="nccl-run">{"".join(cells)}</tr>')
+    eff = r.get("efficiency")
+    colour = f' style="background:{_colour(eff)}"' if isinstance(eff, float) else ""
+    cells = [f'<th scope="row">{_e(label)}</th>',
+             f'<td>{num(r.get("busbw_gbps"), ".1f")}</td>',
+             f'<td>{num(r.get("expected_busbw_gbps"), "g")} <span class="meta">{_e(r.get("expected_from") or "")}'
+             "</span></td>",
+             f'<td class="efficiency"{colour}>{num(eff, ".0%")}</td>',
+             f'<td>{num(r.get("floor_gbps"), "g")} <span class="meta">{_e(r.get("floor_from") or "")}</span></td>']
+    return f'<tr class="{css}">{"".join(cells)}</tr>'
+
+
+def _nccl(report: VerifyReport) -> str:
+    """The all-reduce figures: across the nodes, then each node's GPUs alone (network disabled): measured, expected
+    from the spec's links, efficiency (coloured as the heatmaps)."""
+    runs, nodes = report.nccl_runs(), report.nccl_node_runs()
+    if not runs and not nodes:
+        return "<p>No NCCL all-reduce figure in this run.</p>"
+    rows = [_nccl_row(r, str(r.get("group") or "all GPU nodes"), "nccl-run") for r in runs]
+    rows += [_nccl_row(r, f"{r.get('node')} alone (network disabled)", "nccl-node") for r in nodes]
     return ('<table class="nccl"><tr><th>run</th><th>bus bandwidth (GB/s)</th><th>expected (GB/s)</th>'
             "<th>efficiency</th><th>floor (GB/s)</th></tr>" + "".join(rows) + "</table>"
             '<p class="meta">Bus bandwidth at the largest size; expected = what the rails and the GPU links allow '
-            "(docs/verification.md).</p>")
+            "across nodes, the NVLink (or PCIe) figure of the GPU model inside one node (docs/verification.md).</p>")
 
 
 # ---------------------------------------------------------------- findings by node

@@ -33,6 +33,7 @@ def report_dict(report: VerifyReport) -> dict[str, object]:
             for n, c, got, want in version_mismatches(report.versions, report.peers)
         ],
         "nccl": report.nccl_runs(),
+        "nccl_single_node": report.nccl_node_runs(),
         "notes": list(report.notes),
         "peer_groups": {g: sorted(n for n, p in report.peers.items() if p == g)
                         for g in sorted(set(report.peers.values()))},

@@ -19,6 +19,10 @@ BandwidthMatrix = Mapping[int, Mapping[tuple[str, str], float]]
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 NCCL = "nccl"
+NCCL_NODE = "nccl_node"
+MAX_NODE_LINES = 8
+"""Up to this many GPU nodes, the terminal prints one single-node NCCL line per node; above, one line (lowest node,
+how many below their floor): every node stays in the JSON and HTML reports."""
 NCCL_FIGURES = ("busbw_gbps", "expected_busbw_gbps", "expected_from", "efficiency", "floor_gbps", "floor_from")
 """The NCCL check's measurements a report shows (provisioner/fabric/nccl.py :func:`efficiency`)."""
 
@@ -85,21 +89,51 @@ class VerifyReport:
                 out.append({"group": group, **{k: m.get(f"{k}{suffix}") for k in NCCL_FIGURES}})
         return out
 
+    def nccl_node_runs(self) -> list[dict[str, float | str | None]]:
+        """Each single-node all-reduce that gave a figure (its node's GPUs alone, the network disabled), by node:
+        the same figures as :meth:`nccl_runs`, with ``node`` instead of ``group``."""
+        return [{"node": c.node, **{k: c.measurements.get(k) for k in NCCL_FIGURES}}
+                for c in sorted(self.checks, key=lambda c: str(c.node))
+                if c.name == NCCL_NODE and c.node is not None and c.measurements.get("busbw_gbps") is not None]
+
     def rail_nodes(self, rail: int) -> list[str]:
         """Nodes that appear in the bandwidth matrix of one rail, sorted."""
         return sorted({n for pair in self.bandwidth.get(rail, {}) for n in pair})
 
 
-def nccl_line(run: Mapping[str, float | str | None]) -> str:
-    """One NCCL run for a terminal: ``NCCL all-reduce: 94.0 GB/s, 94% of the expected 100 GB/s (...); floor ...``."""
-    busbw, want, eff, floor = (run.get(k) for k in ("busbw_gbps", "expected_busbw_gbps", "efficiency", "floor_gbps"))
-    group = run.get("group")
-    text = f"NCCL all-reduce ({group}): " if group else "NCCL all-reduce: "
-    text += f"{busbw:.1f} GB/s" if isinstance(busbw, float) else "no figure"
+def _figure(run: Mapping[str, float | str | None]) -> str:
+    """``94.0 GB/s, 94% of the expected 100 GB/s (...)`` of one run."""
+    busbw, want, eff = (run.get(k) for k in ("busbw_gbps", "expected_busbw_gbps", "efficiency"))
+    text = f"{busbw:.1f} GB/s" if isinstance(busbw, float) else "no figure"
     if isinstance(want, float):
         text += f", {eff:.0%} of" if isinstance(eff, float) else ", expected"
         text += f" the expected {want:g} GB/s ({run.get('expected_from')})"
+    return text
+
+
+def nccl_line(run: Mapping[str, float | str | None]) -> str:
+    """One NCCL run for a terminal: ``NCCL all-reduce: 94.0 GB/s, 94% of the expected 100 GB/s (...); floor ...``;
+    a single-node run (``node``) says it ran on that node's GPUs alone."""
+    group, node, floor = run.get("group"), run.get("node"), run.get("floor_gbps")
+    text = (f"NCCL all-reduce in {node} alone (network disabled): " if node
+            else f"NCCL all-reduce ({group}): " if group else "NCCL all-reduce: ")
+    text += _figure(run)
     return text + (f"; floor {floor:g} GB/s ({run.get('floor_from')})" if isinstance(floor, float) else "")
+
+
+def nccl_lines(report: VerifyReport) -> list[str]:
+    """The terminal's NCCL summary: each inter-node run, then the single-node runs (one line each up to
+    :data:`MAX_NODE_LINES` nodes, else one line naming the lowest node and how many fell below their floor)."""
+    lines = [nccl_line(r) for r in report.nccl_runs()]
+    nodes = report.nccl_node_runs()
+    if len(nodes) <= MAX_NODE_LINES:
+        return lines + [nccl_line(r) for r in nodes]
+    lowest = min(nodes, key=lambda r: float(r["efficiency"] if isinstance(r["efficiency"], float)
+                                            else r["busbw_gbps"] or 0.0))
+    below = sum(1 for r in nodes if isinstance(r["floor_gbps"], float) and isinstance(r["busbw_gbps"], float)
+                and r["busbw_gbps"] < r["floor_gbps"])
+    return [*lines, f"NCCL all-reduce in each of {len(nodes)} GPU nodes alone (network disabled): lowest "
+                    f"{lowest['node']} {_figure(lowest)}; {below} below its floor; every node in the reports"]
 
 
 def fraction(gbps: float, line_rate: float | None) -> float | None:

@@ -57,7 +57,7 @@ def intra_node(node: Node) -> Expected | None:
     if model is None or node.gpu_count < 2:
         return None
     if model.nvlink_gbps:
-        return Expected(model.nvlink_gbps, f"NVLink {model.nvlink_gbps:g} GB/s per {model.key}")
+        return Expected(float(model.nvlink_gbps), f"NVLink {model.nvlink_gbps:g} GB/s per {model.key}")
     pcie = PCIE_X16_GBPS.get(model.pcie_gen)
     return Expected(pcie, f"PCIe Gen{model.pcie_gen} x16 between {model.key} GPUs") if pcie else None
 
@@ -70,10 +70,12 @@ def inter_node(nodes: Sequence[Node]) -> Expected | None:
     return min(bounds, key=lambda b: b.busbw_gbps)
 
 
-def floor(explicit: float | None, expected: Expected | None, fraction: float) -> tuple[float | None, str]:
-    """The run's floor and where it comes from: the spec's figure wins; else ``fraction`` of the expected one."""
+def floor(explicit: float | None, expected: Expected | None, fraction: float,
+          explicit_from: str = "verify.nccl.min_busbw_gbps") -> tuple[float | None, str]:
+    """The run's floor and where it comes from: the spec's figure (named ``explicit_from``) wins; else ``fraction``
+    of the expected one."""
     if explicit is not None:
-        return explicit, "verify.nccl.min_busbw_gbps"
+        return explicit, explicit_from
     if expected is None:
         return None, "no floor: nothing in the spec to derive one from"
     return round(expected.busbw_gbps * fraction, 1), f"{fraction:.0%} of the expected {expected.busbw_gbps:g} GB/s"

@@ -190,6 +190,26 @@ class Ofed(Strict):
     version: Version | None = Field(None, description="Pinned version (ofed_info -s); required unless inbox.")
 
 
+class FirmwarePin(Strict):
+    version: Annotated[str, StringConstraints(pattern=r"^[0-9]{1,3}\.[0-9]{1,4}\.[0-9]{1,5}$")] = Field(
+        description="Firmware version boards of this PSID must run, as flint/sysfs fw_ver print it (28.39.1002).")
+    image: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,199}$")] = Field(
+        description="File name of the signed image in the mirror directory (no directories).")
+
+
+class HcaFirmware(Strict):
+    mirror: AbsPath = Field(description="Directory on every node holding the firmware images (the site's mirror, "
+                            "e.g. an NFS mount); preflight stops before any flash when a pinned image is missing.")
+    pins: dict[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,16}$")], FirmwarePin] = Field(
+        default_factory=dict, description="Board id (PSID, sysfs board_id) -> the firmware it runs. With pins, "
+        "every HCA of a node must have one (else the role stops before flashing). Empty: firmware not managed.")
+    mlxconfig: dict[Annotated[str, StringConstraints(pattern=r"^[A-Z][A-Z0-9_]{1,63}$")],
+                    bool | int | Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]{1,32}$")]] = Field(
+        default_factory=dict, description="mlxconfig parameters every HCA must have for the next boot, e.g. "
+        "ATS_ENABLED, ADVANCED_PCI_SETTINGS (docs/roles.md: what NVIDIA documents for "
+        "GPUDirect); true/false are 1/0. Set only where they differ; takes effect after a reboot.")
+
+
 class Software(Strict):
     driver: Driver = Field(description="NVIDIA driver version and kernel module flavour.")
     cuda: Version = Field(description="CUDA toolkit version, e.g. \"12.4.1\" (quote it).")
@@ -205,6 +225,8 @@ class Software(Strict):
     nccl_env: dict[NcclName, NcclValue] = Field(
         default_factory=dict, description="NCCL settings for /etc/nccl.conf on every GPU node, over those the spec "
         "implies (NCCL_IB_HCA, ...): e.g. what `provision tune` measured and recommends.")
+    hca_firmware: HcaFirmware | None = Field(None, description="HCA firmware (PSID -> version, image) and mlxconfig "
+                                             "pins; unset: firmware is only reported.")
 
     @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", "dcgm", mode="before")
     @classmethod
@@ -468,6 +490,13 @@ class NcclCheck(Strict):
     min_fraction: float = Field(0.8, gt=0, le=1, description="Without min_busbw_gbps: the floor as a fraction of the "
                                 "bus bandwidth the spec's rails and GPU links allow (docs/verification.md).")
     max_bytes: Annotated[str, StringConstraints(pattern=r"^[0-9]+[KMG]?$")] = "8G"
+    min_single_node_busbw_gbps: float | None = Field(
+        None, gt=0, description="Floor for the single-node all_reduce_perf on each GPU node (GB/s, network "
+        "disabled: NVLink/NVSwitch or PCIe between its GPUs); without it the floor is min_single_node_fraction of "
+        "the expected figure.")
+    min_single_node_fraction: float = Field(
+        0.7, gt=0, le=1, description="Without min_single_node_busbw_gbps: the single-node floor as a fraction of the "
+        "NVLink (or PCIe) figure of the node's GPU model (docs/verification.md).")
 
 
 class DcgmCheck(Strict):

@@ -53,6 +53,8 @@ OWNED_VARS = frozenset({
     "opensm_default_partition_ipoib_mtu", "perftest_cuda_enabled", "perftest_cuda_version", "slurm_enabled",
     "slurm_controller", "slurm_controller_address", "slurm_nodes", "slurm_partitions", "slurm_spares", "slurm_failed",
     "slurm_gres", "preflight_mok_key", "preflight_mok_cert", "host_tuning_ntp_servers",
+    "doca_ofed_firmware_mirror", "doca_ofed_firmware_pins", "doca_ofed_mlxconfig_settings", "manifest_mlxconfig_keys",
+    "preflight_firmware_pins", "preflight_firmware_mirror",
 })
 
 

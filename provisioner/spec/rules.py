@@ -194,6 +194,26 @@ def _nccl_floor_expected(c: Cluster, rep: Reporter, r: Rule) -> None:
              f"it at or below {want.busbw_gbps:g}")
 
 
+@rule("NCCL-NODE-FLOOR-ABOVE-EXPECTED", "warning",
+      "A single-node floor above what a node's GPU links allow (the NVLink figure of its GPU model, else PCIe x16: "
+      "docs/verification.md) fails healthy nodes unless NVLink SHARP reduces in the switch; likely a wrong target.")
+def _nccl_node_floor(c: Cluster, rep: Reporter, r: Rule) -> None:
+    from provisioner.fabric.nccl_node import node_nodes
+    from provisioner.spec.expected import intra_node
+
+    floor = c.spec.verify.nccl.min_single_node_busbw_gbps
+    bounds = [(want, n) for n in node_nodes(c) if (want := intra_node(n)) is not None]
+    if floor is None or not bounds:
+        return
+    want, node = min(bounds, key=lambda b: b[0].busbw_gbps)
+    if floor > want.busbw_gbps:
+        r.report(rep, ("verify", "nccl", "min_single_node_busbw_gbps"),
+                 f"single-node NCCL floor {floor:g} GB/s is above the expected {want.busbw_gbps:g} GB/s of "
+                 f"{node.name} ({want.why})",
+                 f"leave min_single_node_busbw_gbps out (the floor is then verify.nccl.min_single_node_fraction of "
+                 f"the expected figure) or set it at or below {want.busbw_gbps:g}")
+
+
 # --- fabric design ---------------------------------------------------------------------------------------------
 @rule("FAT-TREE-OVERSUB", "warning",
       "A leaf with more bandwidth down than up blocks when traffic crosses leaves; training all-reduce does, so "

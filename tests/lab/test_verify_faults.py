@@ -221,6 +221,10 @@ def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
     assert sorted(memlock) == list(GPU_NODES) and all(m["via"] == "runuser login" for m in memlock.values()), memlock
     load = next(c for c in run.report.checks if c.name == "fabric_load")
     assert load.measurements["flows"] == 6 and load.measurements["flows_slow"] == 0  # every flow across leaves
+    alone = {c.node: c.measurements for c in run.report.checks if c.name == "nccl_node"}  # each node's GPUs alone
+    assert sorted(alone) == list(GPU_NODES), alone
+    assert all(m["expected_busbw_gbps"] == 450.0 and 0.8 < float(m["efficiency"] or 0) < 0.85
+               for m in alone.values()), alone
 
 
 # ---------------------------------------------------------------- faults, one test per kind
@@ -383,6 +387,32 @@ def test_nvlink_down_fails_dcgm_level_2_on_that_gpu_while_the_fabric_stays_train
     assert errors_of(run, "nvswitch_fabric") == []  # NVLink down, the fabric state still Completed/Success
     assert "\t Link 0: <inactive>" in status
     assert_only_blamed(run, {"gpu03"})
+
+
+def test_nvlink_down_fails_the_single_node_all_reduce_on_that_node_and_no_cable(labc: Lab) -> None:
+    """nvlink_down on gpu02: its GPUs alone (network disabled) fall to the PCIe figure, an error on gpu02 naming
+    measured and expected; gpu01 and gpu03 pass theirs; the multi-node run gpu02 is in fails too, and nothing
+    points at a port or cable."""
+    from provisioner.report.model import nccl_lines
+
+    inject(labc, "gpu02", "nvlink_down", gpu=0)
+    try:
+        run = verify(labc.cluster, tests=["nccl"], write=False)
+    finally:
+        clear(labc, "gpu02", "nvlink_down")
+    found = errors_of(run, "nccl_node")
+    assert [(f.node, f.device, f.port) for f in found] == [("gpu02", None, None)], show(run.report.findings())
+    assert found[0].message.startswith("single-node all-reduce on gpu02 (2 GPUs, network disabled): bus bandwidth "), \
+        found[0].message
+    assert ("below the floor 315 GB/s (70% of the expected 450 GB/s); expected 450 GB/s from NVLink 450 GB/s per "
+            "H100-SXM5-80GB") in found[0].message, found[0].message
+    alone = {c.node: c for c in run.report.checks if c.name == "nccl_node"}
+    assert alone["gpu01"].passed and alone["gpu03"].passed and not alone["gpu02"].passed
+    assert not any("reseat" in f.hint or "transceiver" in f.hint for f in serious(run)), show(serious(run))
+    assert any(line.startswith("NCCL all-reduce in gpu02 alone (network disabled): ") for line in nccl_lines(
+        run.report)), nccl_lines(run.report)
+    assert run.exit_code == 1
+    assert_only_blamed(run, {"gpu02"})
 
 
 def test_peermem_missing_is_named_by_gpudirect_and_nccl(labc: Lab) -> None:

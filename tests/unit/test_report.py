@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from html.parser import HTMLParser
 from pathlib import Path
@@ -486,3 +487,43 @@ def test_nccl_efficiency_reaches_json_html_and_the_terminal() -> None:
     assert 'id="nccl"' in page
     empty = VerifyReport(cluster="x", started=report.started, finished=report.finished, checks=())
     assert empty.nccl_runs() == [] and "No NCCL all-reduce figure" in to_html(empty)
+
+
+def single_node_report(count: int = 2) -> VerifyReport:
+    """The NCCL check's single-node runs next to the inter-node one: gpu01 healthy, gpu02 with an NVLink down."""
+    from provisioner.fabric.nccl import EFFICIENCY_KEYS
+
+    def node(name: str, busbw: float) -> CheckResult:
+        figures = dict(zip(EFFICIENCY_KEYS, (450.0, "NVLink 450 GB/s per H100-SXM5-80GB", round(busbw / 450, 3),
+                                             315.0, "70% of the expected 450 GB/s"), strict=True))
+        return CheckResult.from_findings("nccl_node", name, [], {"gpus": 8, "busbw_gbps": busbw, **figures})
+
+    nodes = [node(f"gpu{i:02d}", 96.3 if i == 2 else 370.1) for i in range(1, count + 1)]
+    return replace(nccl_report(), checks=(*nccl_report().checks, *nodes))
+
+
+def test_single_node_efficiency_reaches_json_html_and_the_terminal() -> None:
+    from provisioner.report.model import nccl_lines
+
+    report = single_node_report()
+    doc = json.loads(to_json(report))
+    assert [(r["node"], r["busbw_gbps"], r["expected_busbw_gbps"], r["efficiency"]) for r in doc["nccl_single_node"]] \
+        == [("gpu01", 370.1, 450, 0.822), ("gpu02", 96.3, 450, 0.214)]
+    assert len(doc["nccl"]) == 2  # the inter-node runs stay where they were
+    lines = nccl_lines(report)
+    assert lines[2:] == [
+        "NCCL all-reduce in gpu01 alone (network disabled): 370.1 GB/s, 82% of the expected 450 GB/s (NVLink 450 GB/s"
+        " per H100-SXM5-80GB); floor 315 GB/s (70% of the expected 450 GB/s)",
+        "NCCL all-reduce in gpu02 alone (network disabled): 96.3 GB/s, 21% of the expected 450 GB/s (NVLink 450 GB/s"
+        " per H100-SXM5-80GB); floor 315 GB/s (70% of the expected 450 GB/s)"]
+    rows = re.findall(r'<tr class="nccl-node">(.*?)</tr>', to_html(report))
+    assert len(rows) == 2 and "gpu02 alone (network disabled)" in rows[1] and "21%" in rows[1]
+
+
+def test_many_single_node_runs_are_one_terminal_line_with_the_lowest_node() -> None:
+    from provisioner.report.model import nccl_lines
+
+    lines = nccl_lines(single_node_report(count=12))
+    assert lines[2:] == ["NCCL all-reduce in each of 12 GPU nodes alone (network disabled): lowest gpu02 96.3 GB/s, "
+                         "21% of the expected 450 GB/s (NVLink 450 GB/s per H100-SXM5-80GB); 1 below its floor; "
+                         "every node in the reports"]

@@ -386,3 +386,12 @@ def test_open_modules_do_not_drive_volta() -> None:
         'driver: {version: "550.90.07"}', 'driver: {version: "550.90.07", kernel_modules: open}'))
     assert "COMPAT-GPU-DRIVER" not in rules_of(volta.replace(
         'driver: {version: "550.90.07"}', 'driver: {version: "550.90.07", kernel_modules: proprietary}'))
+
+
+def test_single_node_floor_above_the_nvlink_figure_is_a_warning() -> None:
+    """H100-SXM5: NVLink 450 GB/s per GPU; a single-node floor above it warns, at its line, naming the figure."""
+    [d] = load_text(BASE + "verify:\n  nccl: {min_single_node_busbw_gbps: 500}\n", "c.yaml").diagnostics
+    assert (d.rule, d.severity) == ("NCCL-NODE-FLOOR-ABOVE-EXPECTED", "warning")
+    assert d.message == ("single-node NCCL floor 500 GB/s is above the expected 450 GB/s of gpu01 "
+                         "(NVLink 450 GB/s per H100-SXM5-80GB)")
+    assert load_text(BASE + "verify:\n  nccl: {min_single_node_busbw_gbps: 350}\n", "c.yaml").diagnostics == []

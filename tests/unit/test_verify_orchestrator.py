@@ -11,6 +11,7 @@ from xml.etree import ElementTree as ET
 import pytest
 
 from provisioner.errors import RemoteError, UsageError
+from provisioner.fabric import nccl_node
 from provisioner.remote import RC_UNREACHABLE, Completed
 from provisioner.spec import Cluster, load_text
 from provisioner.verify import run_verify, select_tests, verify
@@ -23,13 +24,15 @@ profiles:
   g: {gpu: {model: H100-SXM5-80GB, count: 4}, hcas: [{device: "mlx5_[0-1]", rate: 200, numa: 0}]}
 nodes: [{name: "n[1-4]", address: "10.0.0.[1-4]", profile: g}]
 fabric: {type: roce, rate: 200, roce: {pfc_priority: 3, ecn: true}}
-verify: {tests: [links, bandwidth, nccl], nccl: {min_busbw_gbps: 80}, bandwidth: {duration: 1}}
+verify: {tests: [links, bandwidth, nccl], nccl: {min_busbw_gbps: 80, min_single_node_busbw_gbps: 200},
+         bandwidth: {duration: 1}}
 """
 
 IBSTAT = load("ibstat", "mooncake_roce_and_down.txt")
 FAST = load("perftest", "alibaba_amd_ionic_bidir_client_gbits.txt")  # 779 Gb/s: above 90 % of 200
 SLOW = load("perftest", "perftest273_postlist_gbits.txt")  # 0.48 Gb/s
 NCCL = load("nccl-tests", "a3mega_16rank_allreduce.txt")
+NODE_NCCL = load("nccl-tests", "oci_a100x8_single_node.txt")  # one node's GPUs alone: 235 GB/s
 OFED = load("ofed_info", "daocloud_mlnx_23_07.txt")
 
 
@@ -76,6 +79,8 @@ class FakeRemote:
         if tool == "ib_write_bw":
             peer_host = next(h for h, a in ((n, f"10.0.0.{n[1:]}") for n in ("n1", "n2", "n3", "n4")) if a == argv[-1])
             return Completed(0, SLOW if {host, peer_host} & self.slow else FAST, "")
+        if list(argv[:3]) == ["sh", "-c", nccl_node.PROBE]:
+            return Completed(0, NODE_NCCL, "")
         if tool == "sh" and "mpirun " in argv[-1] and " all_reduce_perf " in argv[-1]:
             if any(f"10.0.0.{h[1:]} slots=" in argv[-1] for h in self.slow):
                 return Completed(1, "", "Test NCCL failure common.cu:1005 'remote process exited'")
@@ -145,6 +150,11 @@ def test_healthy_run_passes_writes_reports_and_stores_a_baseline(tmp_path: Path)
     assert nccl_call[0] == "n1" and nccl_call[2] == {} and nccl_call[1][:2] == ("sh", "-c")
     assert "10.0.0.1 slots=4\n10.0.0.2 slots=4\n10.0.0.3 slots=4\n10.0.0.4 slots=4\n" in nccl_call[1][2]
     assert data["checks"][[c["name"] for c in data["checks"]].index("nccl")]["measurements"]["nranks"] == 16
+    single = {c["node"]: c for c in data["checks"] if c["name"] == "nccl_node"}  # each node's GPUs alone first
+    assert sorted(single) == ["n1", "n2", "n3", "n4"] and all(c["passed"] for c in single.values())
+    assert single["n1"]["measurements"]["busbw_gbps"] == 235.14 and single["n1"]["measurements"]["floor_gbps"] == 200
+    probes = [c for c in remote.calls if c[1][:3] == ("sh", "-c", nccl_node.PROBE)]
+    assert [c[1][3:] for c in probes] == [("sh", "8G", "4")] * 4
 
 
 def test_slow_node_fails_with_the_node_named(tmp_path: Path) -> None:

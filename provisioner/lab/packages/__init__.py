@@ -628,6 +628,15 @@ WantedBy=multi-user.target
                 _text("/lib/systemd/system/opensmd.service", opensmd_unit),
             ),
         ),
+        PackageRecipe(
+            # NVIDIA Firmware Tools (a separate download beside DOCA-Host; 4.30.1 LTS): flint burns the pinned
+            # image, mlxconfig sets the pinned parameters (doca_ofed tasks/firmware_pins.yml)
+            "mft",
+            "4.30.1-113",
+            "NVIDIA Firmware Tools (flint, mlxconfig), lab stand-in",
+            "utils",
+            files=_present(_tool("flint", "/usr/bin/flint"), _tool("mlxconfig", "/usr/bin/mlxconfig")),
+        ),
     ]
     # infiniband-diags is Debian's real package (in the node image: its ibstat reads the
     # simulated sysfs).  A stand-in would need a version above Debian's 44.0-2 and would

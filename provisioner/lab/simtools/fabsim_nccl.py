@@ -23,8 +23,12 @@ Output follows nccl-tests' ``PRINT`` formats (rows ``%12li  %12li  %8s  %6s  %6i
 coreweave/nccl-tests PR #43, NVIDIA/nccl-tests issue #252).
 
 Bus-bandwidth model (large messages), see docs/lab-hardware-model.md ("Tool models"):
-- one node: the NVLink figure of the GPU model (H100/H200 ~480 GB/s with NVLS,
-  nccl-tests issue #212; A100 ~230 GB/s); no NVSwitch: PCIe ~20 GB/s;
+- one node: the catalog's NVLink figure of the GPU model (``nvlink_gbps`` in node.json, written from
+  provisioner.spec.catalog) x 0.82, NCCL's ring efficiency on NVLink ("with the protocol overhead (~20%) NCCL can
+  get an effective NVLink bandwidth of 370GB/s" of H100's 450, nccl-tests issue #212; 8 x A100 measure 235 of 300);
+  NVLink SHARP (~480 GB/s on 8 H100) is not modelled; no NVSwitch: PCIe ~20 GB/s; a GPU of the run with an NVLink
+  down (lab fault ``nvlink_down``): the ring crosses PCIe, ~20 GB/s (the simulator's simplification, see
+  docs/lab-hardware-model.md); ``nccl_slow`` does not touch this figure;
 - several nodes: min over nodes of sum(selected Active rails' rate x bw_factor) / 8 x 0.94
   (NDR 400 Gb/s NIC -> 46-48 GB/s busbw, nccl-tests issues #290/#267), capped by the
   NVLink figure; x 0.5 when any node lacks ``nvidia_peermem`` (no GPUDirect RDMA:
@@ -64,7 +68,8 @@ except ImportError:  # inside a node
 NIC_EFFICIENCY = 0.94
 NO_GDR_FACTOR = 0.5
 SOCKET_BUSBW = 1.2
-NVLINK_BUSBW = {"H100": 480.0, "H200": 480.0, "H800": 360.0, "A100": 230.0, "A800": 180.0, "B200": 700.0}
+NVLINK_RING_EFFICIENCY = 0.82
+"""NCCL's effective NVLink bandwidth over line rate: 370 of 450 GB/s on H100 (nccl-tests issue #212)."""
 PCIE_BUSBW = 20.0
 LAT_US = {True: 12.0, False: 20.0}
 NCCL_VERSION_FILE = "nccl.version"
@@ -163,13 +168,6 @@ def sizes(opts: Options) -> list[int]:
         size = size * opts.factor if opts.factor > 1 else size + max(opts.step_bytes, 1)
     return out or [opts.max_bytes // 4 * 4]
 
-
-
-def gpu_family(name: str) -> str:
-    for family in NVLINK_BUSBW:
-        if family in name:
-            return family
-    return ""
 
 
 def fmt_time(us: float) -> str:
@@ -679,14 +677,20 @@ def _partition_broken(partitions: Mapping[str, tuple[int, bool]]) -> bool:
     return len(keys) > 1 or limited > 1
 
 
+def intra_busbw(node: Mapping[str, Any]) -> float:
+    """What the hops between one node's GPUs carry (GB/s of bus bandwidth): NVLink through the NVSwitch at NCCL's
+    ring efficiency, PCIe without one, or with a GPU whose NVLink is down (lab fault nvlink_down)."""
+    nvlink = float(node.get("nvlink_gbps") or 0.0)
+    if not node.get("nvswitch") or not nvlink or node.get("nvlink_down"):
+        return PCIE_BUSBW
+    return nvlink * NVLINK_RING_EFFICIENCY
+
+
 def peak_busbw(records: list[dict[str, Any]], nodes: Mapping[str, dict[str, Any]],
                modules: Mapping[str, list[str]]) -> float:
     """Large-message bus bandwidth (GB/s) of the job."""
     hosts = list(dict.fromkeys(str(r["host"]) for r in records))
-    first = nodes[hosts[0]]
-    gpus = [g for g in first.get("gpus", []) if g.get("present", True)]
-    family = gpu_family(str(gpus[0].get("name", ""))) if gpus else ""
-    intra = NVLINK_BUSBW.get(family, 370.0) if first.get("nvswitch") else PCIE_BUSBW
+    intra = min(intra_busbw(nodes[h]) for h in hosts)
     if len(hosts) == 1:
         return intra if sum(int(r["ngpus"]) for r in records) > 1 else 0.0
     per_host: dict[str, list[dict[str, Any]]] = {}

@@ -6,7 +6,9 @@ Read-only: it runs dpkg-query, apt-mark, apt-config, ofed_info and lsmod and rea
 comparing manifests across nodes (and with the spec) shows what really is there. The output has no
 timestamp: the same node state always gives the same bytes, which keeps the role idempotent.
 
-Usage: manifest_gather.py [--module-regex REGEX] PATTERN...   (dpkg-query name patterns)
+Usage: manifest_gather.py [--module-regex REGEX] [--mlxconfig-key KEY]... PATTERN...   (dpkg-query name patterns)
+With --mlxconfig-key (the parameters the spec pins), each device's next-boot values of those keys are recorded
+from ``mlxconfig -d DEV query KEY...`` (none when mlxconfig is missing or fails: drift then names them unread).
 Standard library only (runs with the node's python3).
 """
 
@@ -122,8 +124,24 @@ def port_guid(gid0: str | None) -> str | None:
     return guid_hex(":".join(groups[4:8])) if len(groups) == 8 else None
 
 
-def hcas() -> dict[str, dict[str, object]]:
-    """Per RDMA device: firmware, board, node GUID and per port the GUID and link layer."""
+MLX_PARAM = re.compile(r"^\s*\*?\s*([A-Z][A-Z0-9_]*)\s+(\S.*?)\s*$")
+
+
+def mlxconfig(dev: str, keys: list[str]) -> dict[str, str] | None:
+    """Next-boot values of ``keys`` on ``dev`` (the last column after 'Configurations:'), None when unread."""
+    if not keys:
+        return None
+    rc, text = run(["mlxconfig", "-d", dev, "query", *keys])
+    lines = text.splitlines()
+    start = next((i for i, ln in enumerate(lines) if ln.strip().startswith("Configurations:")), None)
+    if rc != 0 or start is None:
+        return None
+    found = {m.group(1): m.group(2).split()[-1] for m in map(MLX_PARAM.match, lines[start + 1:]) if m}
+    return {k: v for k, v in found.items() if k in keys}
+
+
+def hcas(mlx_keys: list[str] | None = None) -> dict[str, dict[str, object]]:
+    """Per RDMA device: firmware, board, node GUID and per port the GUID and link layer (and pinned mlxconfig)."""
     try:
         devices = sorted(os.listdir(SYSFS_IB))
     except OSError:
@@ -142,14 +160,22 @@ def hcas() -> dict[str, dict[str, object]]:
                            "link_layer": read(os.path.join(pdir, "link_layer"))}
         out[dev] = {"fw_ver": read(os.path.join(base, "fw_ver")), "board_id": read(os.path.join(base, "board_id")),
                     "node_guid": guid_hex(read(os.path.join(base, "node_guid"))), "ports": ports}
+        values = mlxconfig(dev, mlx_keys or [])
+        if values is not None:
+            out[dev]["mlxconfig"] = values
     return out
 
 
 def main(argv: list[str]) -> int:
     regex = r"^(nvidia|nvidia_[a-z_]+|ib_[a-z_]+|mlx5_[a-z_]+)$"
     args = list(argv)
-    if len(args) >= 2 and args[0] == "--module-regex":
-        regex, args = args[1], args[2:]
+    mlx_keys: list[str] = []
+    while len(args) >= 2 and args[0] in ("--module-regex", "--mlxconfig-key"):
+        if args[0] == "--module-regex":
+            regex = args[1]
+        elif re.fullmatch(r"[A-Z][A-Z0-9_]{1,63}", args[1]):
+            mlx_keys.append(args[1])
+        args = args[2:]
     installed, managed_held = packages(args)
     held = sorted(set(holds()) | set(managed_held))
     doc = {
@@ -162,7 +188,7 @@ def main(argv: list[str]) -> int:
         "kernel_hold": kernel_hold(held),
         "ofed": ofed(),
         "modules": modules(regex),
-        "hcas": hcas(),
+        "hcas": hcas(mlx_keys),
     }
     json.dump(doc, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
