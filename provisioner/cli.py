@@ -161,7 +161,6 @@ def parse_cmd(
 def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
     """The verify and report phases of a run, as Python steps of the run engine (on the run's loaded spec)."""
     from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
-    from provisioner.replace import subset
     from provisioner.report.model import nccl_lines
     from provisioner.state import record_hardware
     from provisioner.verify import verify
@@ -172,7 +171,7 @@ def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
         # only the hosts this phase runs on (set-aside ones would cost an SSH timeout per probe and their
         # findings are dropped anyway), plus the SM/NFS server nodes the fabric and storage checks need
         keep = set(ctx.hosts) | {n.name for n in loaded.nodes if set(n.roles) & set(CRITICAL_ROLES)}
-        cluster = subset(loaded, [n.name for n in loaded.nodes if n.name in keep])
+        cluster = loaded.subset([n.name for n in loaded.nodes if n.name in keep])
         run = verify(cluster, state_dir=out_dir, progress=_progress("verify"))
         last["run"] = run
         for node, guids in run.inventory.items():
@@ -301,10 +300,10 @@ def _run_up(spec: Path, opts: RunOptions, out_dir: Path | None, as_json: bool) -
 
 def _rolling(spec: Path, overlay: Path | None, out_dir: Path | None, batch: str | None, max_wait: float,
              peers: int, resume: bool, *, other: bool) -> None:
-    """`provision cluster.yaml --rolling`: see provisioner.rolling. Ends the command with its exit code."""
+    """`provision cluster.yaml --rolling`: see provisioner.day2.rolling. Ends the command with its exit code."""
+    from provisioner.day2.rolling import rolling_run, summary_lines
     from provisioner.errors import UsageError
     from provisioner.progress import LiveReporter
-    from provisioner.rolling import rolling_run, summary_lines
 
     if other:
         raise UsageError("--rolling plans its own phases and hosts per batch: drop --only/--from/--limit/--check/"
@@ -336,9 +335,9 @@ def plan_cmd(
 
     Exit 0 nothing to change, 1 changes planned, 2 could not run.
     """
+    from provisioner.day2.plan import cached_manifests, make_plan, summary_lines, to_json_text
     from provisioner.drift import fetch_manifests
     from provisioner.phases import expand_limit
-    from provisioner.plan import cached_manifests, make_plan, summary_lines, to_json_text
     from provisioner.remote import SshRemote, targets_from_cluster
     from provisioner.slurm.membership import current
 
@@ -589,8 +588,8 @@ def replace_node_cmd(
 
     Exit 0 passed, 1 the node was set aside or has findings, 2 could not run (e.g. the host key was refused).
     """
+    from provisioner.day2.replace import replace_node, summary_lines
     from provisioner.progress import LiveReporter
-    from provisioner.replace import replace_node, summary_lines
 
     with LiveReporter(err) as rep:
         result = replace_node(spec, node, overlay=overlay, state_dir=out_dir, accept_new_host_key=accept_new_host_key,
@@ -621,7 +620,7 @@ def failover_cmd(
     interrupted by Ctrl-C/SIGTERM/SIGHUP (what it did is recorded as interrupted under <state>/failover/).
     """
     from provisioner import interrupt
-    from provisioner.failover import make_failover, summary_lines
+    from provisioner.day2.failover import make_failover, summary_lines
     from provisioner.progress import LiveReporter
 
     log = _progress("failover")
@@ -661,7 +660,8 @@ def watch_cmd(
     <state>/failover/, the node stays drained).
     """
     from provisioner import interrupt
-    from provisioner.failover import Watch, make_failover
+    from provisioner.day2.failover import make_failover
+    from provisioner.day2.watch import Watch
 
     def log(m: str) -> None:
         err.print(f"[watch {datetime_now()}] {m}", markup=False)

@@ -2,7 +2,7 @@
 
 `provision` never accepts a key it is merely offered. The connection policy (:class:`RejectWithFingerprint`,
 used by provisioner.remote), first trust (`provision trust-host`, provisioner.trust, and `provision discover
---fingerprints`) and a replaced node (`provision replace-node`, provisioner.replace) all read known_hosts here, and
+--fingerprints`) and a replaced node (`provision replace-node`, provisioner.day2.replace) all read known_hosts here, and
 one decision table (:func:`decide`) says when an offered key may be written: only when it is already trusted, or
 when the operator gave its fingerprint (or, replacing a node, said --accept-new-host-key). Behind a bastion
 (``ssh.jump``) the offered key is read through it (:func:`fetch_host_key`). With provisioner.remote, the only

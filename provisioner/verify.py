@@ -570,10 +570,6 @@ class _Verifier:
         self.checks += storage.check_storage(self.cluster, self.remote)
 
 
-TRAFFIC_CHECKS = ("dcgm", "bandwidth", "gpudirect", "nccl")
-"""Checks that load the fabric and the GPUs (DCGM's diagnostic loads the GPUs): kept off nodes running Slurm jobs
-(:meth:`_Verifier.find_busy`)."""
-
 _RUN: dict[str, Callable[[_Verifier, str | None], None]] = {
     "links": lambda v, _mode: v.links(),
     "versions": lambda v, _mode: v.versions_check(),
@@ -653,7 +649,8 @@ def verify(
 
     ``nccl_launcher`` (:data:`provisioner.fabric.nccl.LAUNCHES`): ``auto`` starts the NCCL check with srun on the
     nodes Slurm serves in a partition now (the spec's membership with the recorded failovers applied). Where Slurm
-    runs, no traffic check (:data:`TRAFFIC_CHECKS`) sends anything to a node running a job unless ``include_busy``:
+    runs, no traffic check (:attr:`registry.Check.traffic`) sends anything to a node running a job unless
+    ``include_busy``:
     those results could not run there, naming the jobs."""
     chosen = select_tests(cluster, tests)
     # a check asked for by name with nothing to check in this spec (sm on RoCE, storage without mounts) could not
@@ -664,7 +661,7 @@ def verify(
     started = now()
     own = remote is None
     rem: Remote = remote if remote is not None else SshRemote(targets_from_cluster(cluster))
-    traffic = [name for name in chosen if name in TRAFFIC_CHECKS and name not in lacking]
+    traffic = [c.name for c in steps if c.traffic]
     serving = serving_partitions(cluster, state_dir) if traffic or any(c.name == "memlock" for c in steps) else {}
     partitions = serving if traffic else {}
     v = _Verifier(cluster, rem, progress, server_grace_s, nccl_launcher,

@@ -8,7 +8,8 @@ GPUDirect and NCCL findings name them.
 
 ``dcgmi`` missing, or ``nv-hostengine`` not answering, is could not run with the reason (never passed, never a
 hardware fault), and so is output that is not DCGM's table (quoting its first line). The diagnostic loads the GPUs:
-like the traffic checks it does not run on a node running Slurm jobs (:data:`provisioner.verify.TRAFFIC_CHECKS`).
+like the traffic checks it does not run on a node running Slurm jobs (marked
+:attr:`provisioner.fabric.registry.Check.traffic`).
 
 Where a profile says ``nvswitch: true``, every GPU's ``Fabric`` section in ``nvidia-smi -q`` must read State
 ``Completed`` / Status ``Success``: until fabric manager has trained the NVSwitch fabric, CUDA cannot start on

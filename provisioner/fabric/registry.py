@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from provisioner.errors import UsageError
 
 if TYPE_CHECKING:
     from provisioner.spec.cluster import Cluster
+
+Day2 = Literal["", "always", "together", "pair", "sm", "new_hardware"]
 
 Label = str | Callable[["Cluster", str | None], str]
 """A progress line: fixed text, or made from the cluster and the ``--mode`` asked for (None: the spec's)."""
@@ -52,6 +54,15 @@ class Check:
     """Why it has nothing to check when :attr:`needs` says so ("the spec plans no IPoIB interfaces")."""
     planned: Callable[[Cluster], bool] | None = None
     """Added to the default set when this says the spec plans something it checks, listed or not."""
+    day2: Day2 = ""
+    """When day 2 runs it on nodes measured against their peers (:func:`provisioner.day2.peers.checks`):
+    ``always``; ``together`` (on the nodes and their peers, when a GPU compute node among them has peers and the
+    spec lists it); ``pair`` (each GPU compute node with its first peer, the same way); ``sm`` (when the nodes hold
+    an SM, after a software change); ``new_hardware`` (on a replaced node, when the spec lists it and plans it
+    there); empty: never."""
+    traffic: bool = False
+    """It loads the fabric or the GPUs (DCGM's diagnostic loads the GPUs): kept off nodes running Slurm jobs
+    (:func:`provisioner.verify.verify`'s ``include_busy``)."""
 
 
 def plans_cabling(cluster: Cluster) -> bool:
@@ -124,10 +135,11 @@ CHECKS: tuple[Check, ...] = (
     Check("links", "provisioner.fabric.links", ("links", "sm_lid"),
           "ports up at the planned rate and width, error counters steady",
           "links: ibstat on every node",
-          reread_label="links: port counters again (a port whose link_downed grew during the run fails)"),
+          reread_label="links: port counters again (a port whose link_downed grew during the run fails)",
+          day2="always"),
     Check("versions", "provisioner.fabric.versions", ("versions",),
           "driver, CUDA, NCCL, OFED, firmware as pinned, alike in peers",
-          "versions: driver, CUDA, NCCL, OFED, firmware", with_links=True),
+          "versions: driver, CUDA, NCCL, OFED, firmware", with_links=True, day2="always"),
     Check("pcie", "provisioner.fabric.pcie", ("pcie",),
           "GPU and HCA links at capable width/speed, no ACS redirect",
           "pcie: lspci -vvv on every GPU node (link width/speed, ACS between GPUs and HCAs)",
@@ -137,28 +149,28 @@ CHECKS: tuple[Check, ...] = (
           "the spec's master SM is master, every planned SM answers",
           "sm: the spec's master SM is master, every planned SM answers (sminfo)", every_node=False,
           with_links=True, needs=_has_infiniband,
-          lacks="the spec plans no InfiniBand port, so there is no subnet manager to check"),
+          lacks="the spec plans no InfiniBand port, so there is no subnet manager to check", day2="sm"),
     Check("ipoib", "provisioner.fabric.ipoib", ("ipoib",),
           "every planned IPoIB interface up, addressed, a peer answers",
           "ipoib: every planned interface up with its address and MTU, a peer answers over it", needs=_has_ipoib,
-          lacks="the spec plans no IPoIB interfaces"),
+          lacks="the spec plans no IPoIB interfaces", day2="new_hardware"),
     Check("cabling", "provisioner.fabric.cabling", ("cabling", "switch_links", "switch_ports"),
           "cables and links between tiers as planned, switch port counters",
           "cabling: iblinkinfo against the spec's cabling and links between tiers; switch port counters",
-          every_node=False, planned=plans_cabling),
+          every_node=False, planned=plans_cabling, day2="new_hardware"),
     Check("dcgm", "provisioner.fabric.dcgm", ("dcgm", "nvswitch_fabric"),
           "dcgmi diag on every GPU node, the NVSwitch fabric trained",
-          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs", planned=_installs_dcgm),
+          _dcgm_label, needs=_has_gpus, lacks="the spec plans no GPUs", planned=_installs_dcgm, traffic=True),
     Check("bandwidth", "provisioner.fabric.bandwidth", ("bandwidth", "fabric_load"),
           "ib_write_bw per rail between pairs, then every port at once",
-          _bandwidth_label),
+          _bandwidth_label, traffic=True, day2="together"),
     Check("gpudirect", "provisioner.fabric.gpudirect", ("gpudirect", "gpudirect_bandwidth"),
           "GPUDirect RDMA loaded, GPU–NIC affinity, ib_write_bw --use_cuda",
-          _gpudirect_label),
+          _gpudirect_label, traffic=True, day2="pair"),
     Check("nccl", "provisioner.fabric.nccl", ("nccl", "nccl_node"),
           "all_reduce_perf in each GPU node (NVLink), then across the nodes",
           "nccl: all_reduce_perf in each GPU node with the network disabled (NVLink/NVSwitch), then across the "
-          "compute nodes"),
+          "compute nodes", traffic=True, day2="together"),
     Check("memlock", "provisioner.fabric.memlock", ("memlock",),
           "jobs of verify.user may lock unlimited memory (RDMA registration)",
           "memlock: the locked-memory limit a job of verify.user gets on each GPU node (srun, else runuser)",

@@ -6,8 +6,10 @@ Each entity keeps `path`, the place in the YAML it came from, so rules can point
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path as FsPath
 from typing import NamedTuple
@@ -49,6 +51,16 @@ class Node:
     @functools.cached_property
     def rail_ports(self) -> tuple[Port, ...]:
         return tuple(p for p in self.ports if p.purpose == "rail")
+
+    @functools.cached_property
+    def rail_set(self) -> frozenset[int]:
+        """The rails its rail ports are on."""
+        return frozenset(p.rail for p in self.rail_ports if p.rail is not None)
+
+    @property
+    def gpu_compute(self) -> bool:
+        """A compute node with GPUs: the nodes pairwise checks (bandwidth, NCCL, GPUDirect) run between."""
+        return bool(self.gpu_count) and "compute" in self.roles
 
 
 @dataclass(frozen=True)
@@ -136,6 +148,24 @@ class Cluster:
 
     def nodes_with_role(self, role: str) -> list[Node]:
         return [n for n in self.nodes if role in n.roles]
+
+    def gpu_compute_nodes(self) -> list[Node]:
+        """The GPU compute nodes (:attr:`Node.gpu_compute`), in spec order."""
+        return [n for n in self.nodes if n.gpu_compute]
+
+    def sm_nodes(self) -> list[str]:
+        """The nodes the fabric phase configures an SM on (none when the SM runs on a switch or UFM)."""
+        sm = self.spec.fabric.subnet_manager
+        if sm is None or sm.kind != "opensm":
+            return []
+        return [n.name for n in self.nodes_with_role("subnet_manager")]
+
+    def subset(self, names: Collection[str]) -> Cluster:
+        """The cluster narrowed to ``names`` (their nodes and cables): every check then runs on those only."""
+        keep = set(names)
+        return dataclasses.replace(self, nodes=[n for n in self.nodes if n.name in keep],
+                                   cables=[c for c in self.cables if c.node in keep],
+                                   ipoib=[i for i in self.ipoib if i.node in keep])
 
     def ipoib_of(self, node: str) -> list[IpoibIf]:
         return [i for i in self.ipoib if i.node == node]

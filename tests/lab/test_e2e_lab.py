@@ -41,6 +41,7 @@ import pytest
 from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
+from provisioner.day2.replace import HostKeyRefused, observe, replace_node, summary_lines
 from provisioner.errors import RemoteError
 from provisioner.lab import faults
 from provisioner.lab.host import podman
@@ -49,7 +50,6 @@ from provisioner.lab.simtools import fabsim_reach, fabsim_sm
 from provisioner.phases import PHASE_NAMES, RunOptions, one_line, provision_run
 from provisioner.progress import LiveReporter
 from provisioner.remote import SshRemote, targets_from_cluster
-from provisioner.replace import HostKeyRefused, observe, replace_node, summary_lines
 from provisioner.runner import control_path_dir
 from provisioner.spec import load_cluster
 from provisioner.state import RunJournal, hardware_history, last_run, list_runs, record_hardware

@@ -45,11 +45,11 @@ import pytest
 from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
+from provisioner.day2.rolling import load_last
 from provisioner.fabric import nccl
 from provisioner.lab import faults
 from provisioner.lab.host import podman
 from provisioner.lab.names import container_name
-from provisioner.rolling import load_last
 from provisioner.slurm.membership import SWAPS, load_swaps
 from provisioner.spec import hostlist
 

@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
+from provisioner.day2.failover import Failover, Timeline, history, summary_lines
+from provisioner.day2.watch import Watch
 from provisioner.errors import UsageError
-from provisioner.failover import Failover, Timeline, Watch, history, summary_lines
 from provisioner.health import NodeHealth
 from provisioner.report import VerifyReport
 from provisioner.slurm.membership import current, load_swaps
@@ -117,7 +118,8 @@ class World:
 @pytest.fixture(autouse=True)
 def _probe(monkeypatch: pytest.MonkeyPatch) -> Probe:
     probe = Probe()
-    monkeypatch.setattr("provisioner.failover.check_nodes", probe)
+    monkeypatch.setattr("provisioner.day2.failover.check_nodes", probe)  # the spare's health before it is verified
+    monkeypatch.setattr("provisioner.day2.watch.check_nodes", probe)  # the watch's rounds
     return probe
 
 
@@ -263,7 +265,7 @@ def test_an_interrupted_failover_is_recorded(cluster: Cluster, tmp_path: Path, t
 
 def _cli_world(monkeypatch: pytest.MonkeyPatch, w: World) -> Failover:
     fo = w.failover()
-    monkeypatch.setattr("provisioner.failover.make_failover", lambda *a, **kw: fo)
+    monkeypatch.setattr("provisioner.day2.failover.make_failover", lambda *a, **kw: fo)
     return fo
 
 
@@ -293,7 +295,7 @@ def test_watch_stopped_between_failovers_exits_0(cluster: Cluster, tmp_path: Pat
     def probe(*a: Any, **kw: Any) -> Any:
         _kill_self("SIGTERM")  # stopped while it checks the nodes' health
 
-    monkeypatch.setattr("provisioner.failover.check_nodes", probe)
+    monkeypatch.setattr("provisioner.day2.watch.check_nodes", probe)
     rc = main(["watch", str(LAB)])
     err = capsys.readouterr().err
     assert rc == 0, err  # old: 3 (or killed by SIGTERM: systemd's stop)

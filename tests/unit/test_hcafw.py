@@ -12,8 +12,8 @@ from typing import Any
 import pytest
 
 from provisioner import hcafw
+from provisioner.day2.plan import make_plan, summary_lines
 from provisioner.drift import compare
-from provisioner.plan import make_plan, summary_lines
 from provisioner.render import build_inventory
 from provisioner.slurm.membership import spec_membership
 from provisioner.spec import load_spec

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
+from provisioner.day2.plan import batch_count, cached_manifests, make_plan, summary_lines
 from provisioner.errors import UsageError
-from provisioner.plan import batch_count, cached_manifests, make_plan, summary_lines
 from provisioner.slurm.membership import Membership, apply_swaps, spec_membership
 from provisioner.spec.cluster import Cluster
 from provisioner.spec.load import load_text

@@ -237,8 +237,8 @@ def test_trust_host_cli_with_a_spec_behind_the_bastion(site: Site, tmp_path: Pat
 
 
 def test_replace_node_reads_the_new_key_through_the_bastion(site: Site, tmp_path: Path) -> None:
+    from provisioner.day2.replace import trust_new_key
     from provisioner.hostkeys import recorded_host_keys
-    from provisioner.replace import trust_new_key
 
     kh = _node_unknown(site, tmp_path)
     old = paramiko.Ed25519Key.from_private_key_file(keyfile(tmp_path))

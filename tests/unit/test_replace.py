@@ -17,12 +17,8 @@ from typing import Any
 import paramiko
 import pytest
 
-from provisioner.errors import RemoteError, UsageError
-from provisioner.fabric.findings import CheckResult
-from provisioner.hostkeys import fingerprint, recorded_host_keys, replace_host_key
-from provisioner.phases import NullReporter, RunOptions
-from provisioner.remote import Completed, SshTarget
-from provisioner.replace import (
+from provisioner.day2 import peers
+from provisioner.day2.replace import (
     HostKeyRefused,
     _Capture,
     check_fingerprint,
@@ -31,14 +27,15 @@ from provisioner.replace import (
     parse_board_serial,
     parse_gpu_serials,
     parse_sysfs_probe,
-    pick_peers,
     replace_node,
-    sm_nodes,
-    subset,
     summary_lines,
     trust_new_key,
-    verify_tests,
 )
+from provisioner.errors import RemoteError, UsageError
+from provisioner.fabric.findings import CheckResult
+from provisioner.hostkeys import fingerprint, recorded_host_keys, replace_host_key
+from provisioner.phases import NullReporter, RunOptions
+from provisioner.remote import Completed, SshTarget
 from provisioner.report import VerifyReport
 from provisioner.spec import load_cluster
 from provisioner.spec.cluster import Cluster
@@ -314,28 +311,28 @@ def test_observe_without_any_guid_is_an_error() -> None:
 
 
 def test_peers_skip_unhealthy_nodes_and_the_node_itself(cluster: Cluster) -> None:
-    assert pick_peers(cluster, "gpu02", set(), 2) == ["gpu01", "gpu03"]
-    assert pick_peers(cluster, "gpu02", {"gpu01"}, 2) == ["gpu03", "gpu04"]
-    assert pick_peers(cluster, "gpu02", {"gpu01", "gpu03", "gpu04"}, 2) == []
-    assert pick_peers(cluster, "sm1", set(), 2) == []  # an SM node has no pairwise checks
+    assert peers.pick(cluster, ["gpu02"], set(), 2) == ["gpu01", "gpu03"]
+    assert peers.pick(cluster, ["gpu02"], {"gpu01"}, 2) == ["gpu03", "gpu04"]
+    assert peers.pick(cluster, ["gpu02"], {"gpu01", "gpu03", "gpu04"}, 2) == []
+    assert peers.pick(cluster, ["sm1"], set(), 2) == []  # an SM node has no pairwise checks
 
 
 def test_subset_keeps_only_the_named_nodes_and_their_cables(cluster: Cluster) -> None:
-    sub = subset(cluster, ["gpu02", "gpu04"])
+    sub = cluster.subset(["gpu02", "gpu04"])
     assert [n.name for n in sub.nodes] == ["gpu02", "gpu04"]
     assert {c.node for c in sub.cables} == {"gpu02", "gpu04"}
     assert len(cluster.nodes) == 5  # the original is untouched
 
 
 def test_verify_tests_per_node_kind(cluster: Cluster) -> None:
-    main, side = verify_tests(cluster, "gpu01", ["gpu02"])
+    main, side = peers.checks(cluster, ["gpu01"], ["gpu02"], new_hardware=True)
     assert main[:2] == ["links", "versions"] and "bandwidth" in main and "nccl" in main
     assert side == ["gpudirect"]
-    alone, side_alone = verify_tests(cluster, "gpu01", [])
+    alone, side_alone = peers.checks(cluster, ["gpu01"], [], new_hardware=True)
     assert "bandwidth" not in alone and "nccl" not in alone and side_alone == []
-    main_sm, side_sm = verify_tests(cluster, "sm1", [])
+    main_sm, side_sm = peers.checks(cluster, ["sm1"], [], new_hardware=True)
     assert "bandwidth" not in main_sm and side_sm == []
-    assert sm_nodes(cluster) == ["sm1"]
+    assert cluster.sm_nodes() == ["sm1"]
 
 
 def test_capture_notes_sm_config_change_and_restart() -> None:
@@ -388,13 +385,14 @@ def _report(failed: bool = False) -> VerifyReport:
 @pytest.fixture
 def scripted(monkeypatch: pytest.MonkeyPatch, spec: Path) -> dict[str, Any]:
     new = paramiko.ECDSAKey.generate()
-    monkeypatch.setattr("provisioner.replace.fetch_host_key", lambda target, timeout=10.0: new)
+    monkeypatch.setattr("provisioner.day2.replace.fetch_host_key", lambda target, timeout=10.0: new)
     remote = FakeRemote({"ibstat": Completed(0, IBSTAT, "")})
     verified: list[tuple[str, list[str]]] = []
 
-    def verifier(cluster: Cluster, node: str, peers: Sequence[str], directory: Path, progress: Any,
-                 remote: Any = None) -> VerifyReport:
-        verified.append((node, list(peers)))
+    def verifier(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], directory: Path, progress: Any,
+                 remote: Any = None, new_hardware: bool = False) -> VerifyReport:
+        assert new_hardware  # a replaced node's cables and IPoIB interfaces are checked too
+        verified.extend((node, list(peers)) for node in nodes)
         return _report()
 
     return {"key": new, "remote": remote, "verified": verified, "verifier": verifier}
@@ -468,7 +466,7 @@ def test_replace_node_failing_verification_exits_1(spec: Path, tmp_path: Path, s
 def test_unhealthy_nodes_come_from_the_last_run_and_the_last_verify(tmp_path: Path) -> None:
     import json
 
-    from provisioner.replace import unhealthy_nodes
+    from provisioner.day2.peers import unhealthy_nodes
     from provisioner.state import save_journal
 
     assert unhealthy_nodes(tmp_path) == set()

@@ -16,20 +16,18 @@ from typing import Any
 
 import pytest
 
-from provisioner.fabric.findings import CheckResult, Finding
-from provisioner.phases import RunOptions
-from provisioner.plan import make_plan
-from provisioner.report import VerifyReport
-from provisioner.rolling import (
+from provisioner.day2.peers import batch_failures, busy_peers, pick
+from provisioner.day2.plan import make_plan
+from provisioner.day2.rolling import (
     Rolling,
-    batch_failures,
-    busy_peers,
     load_last,
     new_journal,
-    pick_batch_peers,
     resume_command,
     summary_lines,
 )
+from provisioner.fabric.findings import CheckResult, Finding
+from provisioner.phases import RunOptions
+from provisioner.report import VerifyReport
 from provisioner.slurm.ctl import NodeState, SlurmError
 from provisioner.slurm.membership import spec_membership
 from provisioner.spec.cluster import Cluster
@@ -215,13 +213,13 @@ def test_only_findings_on_the_batch_or_cluster_wide_fail_it() -> None:
 
 def test_peers_share_a_rail_prefer_finished_batches_and_skip_unhealthy(driver_change: Harness) -> None:
     c = driver_change.cluster
-    assert pick_batch_peers(c, ["gpu01"], [], set()) == ["gpu02", "gpu03"]
-    assert pick_batch_peers(c, ["gpu01"], ["gpu03"], set(), 1) == ["gpu03"]
-    assert pick_batch_peers(c, ["gpu01"], [], {"gpu02"}) == ["gpu03"]
-    assert pick_batch_peers(c, ["sm1"], [], set()) == []
+    assert pick(c, ["gpu01"], set()) == ["gpu02", "gpu03"]
+    assert pick(c, ["gpu01"], set(), 1, done=["gpu03"]) == ["gpu03"]
+    assert pick(c, ["gpu01"], {"gpu02"}) == ["gpu03"]
+    assert pick(c, ["sm1"], set()) == []
     # a peer running a Slurm job comes last: its job would slow the measurement and the measurement the job
-    assert pick_batch_peers(c, ["gpu01"], ["gpu03"], set(), 1, busy={"gpu03"}) == ["gpu02"]
-    assert pick_batch_peers(c, ["gpu01"], [], set(), 1, busy={"gpu02", "gpu03"}) == ["gpu02"]  # all busy: still one
+    assert pick(c, ["gpu01"], set(), 1, done=["gpu03"], busy={"gpu03"}) == ["gpu02"]
+    assert pick(c, ["gpu01"], set(), 1, busy={"gpu02", "gpu03"}) == ["gpu02"]  # all busy: still one
 
 
 def test_busy_peers_asks_slurm_about_the_other_gpu_nodes_and_says_when_it_cannot(driver_change: Harness) -> None:

@@ -107,7 +107,7 @@ def test_progress_lines_show_node_text_escaped(capsys: pytest.CaptureFixture[str
 def test_a_rolling_batchs_reasons_carry_no_control_sequence() -> None:
     """The reasons a rolling batch failed go to its journal and the printed summary. Failed on the old code: the
     finding's message and the could-not-run reason kept their ESC bytes."""
-    from provisioner.rolling import batch_failures
+    from provisioner.day2.peers import batch_failures
 
     now = datetime.now(UTC)
     finding = Finding("links", "error", "gpu01", "mlx5_0", 1, "Active", "Down", f"port Down{OSC52}", "cable")

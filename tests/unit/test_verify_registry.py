@@ -247,3 +247,10 @@ def test_cli_only_sm_on_roce_is_incomplete_with_the_reason(capsys: pytest.Captur
     assert rc == 2
     assert out[0] == f"NOT RUN subnet_manager cluster: {NO_SM[0][1]}"
     assert out[1].startswith("INCOMPLETE: ") and len(out) == 2
+
+
+def test_the_traffic_checks_are_marked_in_the_registry_as_the_busy_rule_had_them() -> None:
+    # the checks kept off nodes running Slurm jobs: the four verify.TRAFFIC_CHECKS named before the registry
+    # owned the mark (test_verify_slurm_busy proves the rule itself)
+    assert [c.name for c in registry.CHECKS if c.traffic] == ["dcgm", "bandwidth", "gpudirect", "nccl"]
+    assert not hasattr(verify, "TRAFFIC_CHECKS")

@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from provisioner import hostkeys
+from provisioner.day2 import peers as peers_mod
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.errors import ParseError, ProvisionerError, RemoteError, UsageError
 from provisioner.fabric import links
 from provisioner.hostkeys import (
@@ -50,7 +52,7 @@ from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.remote import Remote, SshRemote, SshTarget, targets_from_cluster
 from provisioner.report import VerifyReport
 from provisioner.safetext import printable
-from provisioner.spec.cluster import Cluster, Node
+from provisioner.spec.cluster import Cluster
 from provisioner.state import (
     DAY2_WAIT_S,
     HardwareChange,
@@ -58,7 +60,6 @@ from provisioner.state import (
     RunJournal,
     current_hardware,
     day2_lock,
-    last_run,
     record_hardware,
     record_host_key,
     run_lock,
@@ -81,7 +82,6 @@ SM_RESTART_TASK = "Restart opensm"
 SM_RELOAD_TASK = "Reload opensm (SIGHUP)"
 """The opensm role's reload: a heavy sweep that re-reads partitions.conf and the runtime options."""
 PROBE_TIMEOUT_S = 30.0
-DEFAULT_PEERS = 2
 
 # Constant shell snippets (no spec value reaches them): one line per HCA / the DMI board serial.
 SYSFS_PROBE = (
@@ -92,7 +92,6 @@ SYSFS_PROBE = (
 BOARD_PROBE = "cat /sys/class/dmi/id/board_serial 2>/dev/null || dmidecode -s baseboard-serial-number 2>/dev/null"
 GPU_PROBE = ["nvidia-smi", "--query-gpu=index,serial", "--format=csv,noheader"]
 
-Progress = Callable[[str], None]
 
 
 class HostKeyRefused(ProvisionerError):
@@ -167,69 +166,6 @@ class Observation:
     guids: dict[str, str] = field(default_factory=dict)     # "mlx5_0/1" port GUIDs, "mlx5_0" node GUIDs
     serials: dict[str, str] = field(default_factory=dict)   # "board", "gpu0", "mlx5_0 board_id"
     unreadable: list[str] = field(default_factory=list)     # what could not be read, and why
-
-
-def peer_candidates(cluster: Cluster, node: str) -> list[Node]:
-    """GPU compute nodes other than ``node`` that share at least one rail with it."""
-    me = cluster.node(node)
-    rails = {p.rail for p in me.rail_ports if p.rail is not None}
-    return [n for n in cluster.nodes_with_role("compute")
-            if n.name != node and n.gpu_count and rails & {p.rail for p in n.rail_ports}]
-
-
-def pick_peers(cluster: Cluster, node: str, unhealthy: set[str], count: int = DEFAULT_PEERS) -> list[str]:
-    """Healthy peers to measure ``node`` against: ``count`` of them, more if needed to cover every rail.
-
-    Healthy = not set aside in the last run and without error findings in the last verification. Peers are
-    taken in spec order (deterministic, so a rerun measures the same pairs).
-    """
-    me = cluster.node(node)
-    if not (me.gpu_count and "compute" in me.roles):
-        return []  # pairwise checks run between GPU compute nodes only (an SM node's links are checked alone)
-    rails = {p.rail for p in me.rail_ports if p.rail is not None}
-    good = [n for n in peer_candidates(cluster, node) if n.name not in unhealthy]
-    chosen = good[:max(0, count)]
-    for rail in sorted(rails):
-        if not any(rail in {p.rail for p in n.rail_ports} for n in chosen):
-            extra = next((n for n in good if n not in chosen and rail in {p.rail for p in n.rail_ports}), None)
-            if extra is not None:
-                chosen.append(extra)
-    return [n.name for n in chosen]
-
-
-def subset(cluster: Cluster, names: Sequence[str]) -> Cluster:
-    """The cluster narrowed to ``names`` (their nodes and cables): every check then runs on those only."""
-    keep = set(names)
-    return replace(cluster, nodes=[n for n in cluster.nodes if n.name in keep],
-                   cables=[c for c in cluster.cables if c.node in keep],
-                   ipoib=[i for i in cluster.ipoib if i.node in keep])
-
-
-def sm_nodes(cluster: Cluster) -> list[str]:
-    """The nodes the fabric phase configures an SM on (none when the SM runs on a switch or UFM)."""
-    sm = cluster.spec.fabric.subnet_manager
-    if sm is None or sm.kind != "opensm":
-        return []
-    return [n.name for n in cluster.nodes_with_role("subnet_manager")]
-
-
-def verify_tests(cluster: Cluster, node: str, peers: Sequence[str]) -> tuple[list[str], list[str]]:
-    """(checks on node+peers, checks on node+first peer): the spec's tests that apply to this node.
-
-    Links and versions always run: a reinstalled node with a wrong driver or a dead port is the usual failure.
-    """
-    wanted = set(cluster.spec.verify.tests)
-    me = cluster.node(node)
-    gpu = bool(me.gpu_count and me.rail_ports and "compute" in me.roles)
-    main = ["links", "versions"]
-    if gpu and peers:
-        main += [t for t in ("bandwidth", "nccl") if t in wanted]
-    if "cabling" in wanted and cluster.cables:
-        main.append("cabling")
-    if "ipoib" in wanted and cluster.ipoib_of(node):
-        main.append("ipoib")
-    side = ["gpudirect"] if gpu and peers and "gpudirect" in wanted else []
-    return main, side
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -348,45 +284,6 @@ def observe(remote: Remote, node: str) -> Observation:
     return obs
 
 
-def unhealthy_nodes(state_dir: Path) -> set[str]:
-    """Nodes set aside in the last run or with error findings in the last verification: not peers."""
-    bad: set[str] = set()
-    journal = last_run(state_dir)
-    if journal is not None:
-        bad |= set(journal.set_aside)
-    latest = state_dir / "verify" / "latest" / "report.json"
-    if latest.is_file():
-        import json
-
-        try:
-            doc = json.loads(latest.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            return bad
-        bad |= {str(f["node"]) for f in doc.get("findings", []) if f.get("severity") == "error" and f.get("node")}
-    return bad
-
-
-def verify_node(cluster: Cluster, node: str, peers: Sequence[str], directory: Path, progress: Progress,
-                remote: Remote | None = None) -> VerifyReport:
-    """Step 5: the node against its peers, one merged report written under ``directory``."""
-    from provisioner.verify import verify, write_reports
-
-    main, side = verify_tests(cluster, node, peers)
-    # as in a rolling batch: the node is out of service (srun cannot start there) and needs its peers measured
-    # even while they run jobs
-    run = verify(subset(cluster, [node, *peers]), tests=main, mode="full", remote=remote,
-                 state_dir=directory, write=False, progress=progress, nccl_launcher="mpirun", include_busy=True)
-    report = run.report
-    checks = list(report.checks)
-    if side:
-        extra = verify(subset(cluster, [node, peers[0]]), tests=side, remote=remote, state_dir=directory,
-                       write=False, progress=progress, include_busy=True)
-        checks += extra.report.checks
-    merged = replace(report, checks=tuple(checks), finished=datetime.now(UTC))
-    write_reports(merged, directory, run.inventory)
-    return merged
-
-
 def _record_phases(result: ReplaceResult, journal: RunJournal, hosts: str) -> None:
     result.journals.append(journal)
     for rec in journal.phases:
@@ -408,7 +305,7 @@ def replace_node(
     reporter: Reporter | None = None,
     run: Callable[..., RunJournal] = provision_run,
     remote_factory: Callable[[Mapping[str, SshTarget]], Remote] | None = None,
-    verifier: Callable[..., VerifyReport] = verify_node,
+    verifier: Callable[..., VerifyReport] = peers_mod.verify,
 ) -> ReplaceResult:
     """The whole replacement; see the module docstring. Raises ProvisionerError before anything changed."""
     from provisioner.spec import load_cluster
@@ -453,7 +350,7 @@ def _replace_node(
 
     capture = _Capture(reporter or NullReporter())
     ov = str(overlay) if overlay else None
-    sms = sm_nodes(cluster)
+    sms = cluster.sm_nodes()
     plan: list[tuple[tuple[str, ...], list[str], list[str]]] = [(NODE_PHASES, [node], [])]
     gpu_peers = [n.name for n in cluster.nodes if n.gpu_count]  # the inventory's gpu_nodes group
     if node in gpu_peers and len(gpu_peers) > 1:
@@ -494,11 +391,13 @@ def _replace_node(
     if result.stopped is not None:
         return result
 
-    result.peers = pick_peers(cluster, node, unhealthy_nodes(sdir) - {node}, peers)
+    result.peers = peers_mod.pick(cluster, [node], peers_mod.unhealthy_nodes(sdir) - {node}, peers)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     result.report_dir = sdir / "replace" / node / stamp
     remote_v = make_remote(targets) if remote_factory else None
-    result.report = verifier(cluster, node, result.peers, result.report_dir, progress, remote=remote_v)
+    # a new board: its cables and IPoIB interfaces are checked too
+    result.report = verifier(cluster, [node], result.peers, result.report_dir, progress, remote=remote_v,
+                             new_hardware=True)
     if result.report.verdict.exit_code == 0:
         result.returned_as_spare = return_as_spare(cluster, sdir, node, progress, remote_v)
     return result

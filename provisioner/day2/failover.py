@@ -1,4 +1,4 @@
-"""``provision failover`` and ``provision watch``: a spare node into a failed node's place, the way ops do on Slurm.
+"""``provision failover``: a spare node into a failed node's place, the way ops do on Slurm.
 
 Failover of NODE (a node of some Slurm partition):
 
@@ -22,9 +22,8 @@ pick the same spare or record a swap twice.
 The timeline (fault seen, drained, spare verified, spare in partition, persisted) is kept with the swap; the
 budget (``spares.failover_budget_s``, 10 minutes by default) is checked against fault-seen → spare-in-partition.
 
-``provision watch`` runs the health checks (:mod:`provisioner.health`) on the partition nodes every
-``spares.watch_interval_s`` and fails over a node that fails them twice in a row (a confirmation probe right
-after the first failure: one lost SSH packet does not cost a node).
+``provision watch`` (:mod:`provisioner.day2.watch`) runs the health checks on the partition nodes and fails over a
+node that fails them twice in a row.
 """
 
 from __future__ import annotations
@@ -38,12 +37,13 @@ from pathlib import Path
 from typing import Any
 
 from provisioner import interrupt
+from provisioner.day2 import peers as peers_mod
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.errors import ProvisionerError, UsageError
-from provisioner.health import NodeHealth, check_nodes
+from provisioner.health import check_nodes
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
-from provisioner.rolling import batch_failures, busy_peers, pick_batch_peers, verify_batch
 from provisioner.slurm.ctl import SlurmCtl
 from provisioner.slurm.membership import Membership, current, load_swaps, record_swap
 from provisioner.spec.cluster import Cluster
@@ -52,7 +52,6 @@ from provisioner.state import day2_lock, state_dir_for, utcnow, write_json_atomi
 FAILOVER_DIR = "failover"
 OUR_DRAIN = "provision failover"
 """How a failover's drain reasons start: a drain with another reason is someone else's and never resumed here."""
-Progress = Callable[[str], None]
 
 
 class NoSpare(ProvisionerError):
@@ -160,10 +159,10 @@ class Failover:
     ctl: SlurmCtl
     remote: Remote
     overlay: str | None = None
-    peers: int = 2
+    peers: int = DEFAULT_PEERS
     progress: Progress = lambda _m: None
     reporter: Reporter = field(default_factory=NullReporter)
-    verifier: Callable[..., VerifyReport] = verify_batch
+    verifier: Callable[..., VerifyReport] = peers_mod.verify
     converge: Callable[..., Any] = provision_run
     persist: bool = True
     verify_remote: Remote | None = None
@@ -277,14 +276,14 @@ class Failover:
         health = check_nodes(self.cluster, self.remote, [spare])[spare]
         if not health.ok:
             return f"health: {health.summary()}"
-        peers = pick_batch_peers(self.cluster, [spare], [], unhealthy, self.peers,
-                                 busy_peers(self.ctl, self.cluster, [spare], self.progress))
+        peers = peers_mod.pick(self.cluster, [spare], unhealthy, self.peers,
+                               busy=peers_mod.busy_peers(self.ctl, self.cluster, [spare], self.progress))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         directory = self.state_dir / FAILOVER_DIR / f"{stamp}-{result.node}" / f"verify-{spare}"
         self.progress(f"verify spare {spare} against {', '.join(peers) or 'no peer'}")
         report = self.verifier(self.cluster, [spare], peers, directory, self.progress, remote=self.verify_remote)
         result.peers, result.report_dir = peers, str(directory)
-        failures = batch_failures(report, [spare])
+        failures = peers_mod.batch_failures(report, [spare])
         return f"verify: {failures[0]}" if failures else None
 
     def _save(self, result: FailoverResult) -> None:
@@ -305,81 +304,7 @@ def history(state_dir: Path) -> list[dict[str, Any]]:
     return out
 
 
-# ---------------------------------------------------------------------------------------------------------
-# watch
-
-@dataclass
-class Watch:
-    """Rounds of health checks over the partition nodes; a node failing twice in a row is failed over."""
-
-    failover: Failover
-    interval_s: float
-    progress: Progress = lambda _m: None
-    sleep: Callable[[float], None] = time.sleep
-    clock: Callable[[], float] = time.monotonic
-    results: list[FailoverResult] = field(default_factory=list)
-    skipped: set[str] = field(default_factory=set)
-    failing_over: str | None = None   # the node a failover is under way for (a signal then interrupts it)
-
-    def round(self) -> list[FailoverResult]:
-        f = self.failover
-        membership = current(f.cluster, f.state_dir)
-        t_round = time.monotonic()
-        # a node someone drained (maintenance, a rolling batch) is out of service already: not ours to fail over
-        states = f.ctl.nodes(membership.in_partitions) if membership.in_partitions else {}
-        nodes = [n for n in membership.in_partitions if not (n in states and states[n].drain)]
-        for n in sorted(set(membership.in_partitions) - set(nodes)):
-            if n not in self.skipped:
-                self.progress(f"{n} is drained ({states[n].reason or 'no reason'}): not checked while it is")
-        self.skipped = set(membership.in_partitions) - set(nodes)
-        if not nodes:
-            return []
-        health = check_nodes(f.cluster, f.remote, nodes)
-        bad = {n: h for n, h in health.items() if not h.ok}
-        if not bad:
-            return []
-        confirmed = check_nodes(f.cluster, f.remote, list(bad))
-        done: list[FailoverResult] = []
-        for n, h in confirmed.items():
-            if h.ok:
-                self.progress(f"{n}: {bad[n].summary()} once, healthy on the second look: no failover")
-                continue
-            self.progress(f"{n} failed its health checks: {h.summary()}")
-            tl = Timeline(t0=t_round)
-            tl.mark("fault seen")
-            self.failing_over = n  # stays set when a signal interrupts it: the watch then exits as interrupted
-            try:
-                res = f.run(n, _reason(h), timeline=tl, unhealthy=set(bad))
-            except ProvisionerError as exc:
-                self.failing_over = None
-                self.progress(f"failover of {n} could not run: {exc}")
-                continue
-            self.failing_over = None
-            for line in summary_lines(res):
-                self.progress(line)
-            done.append(res)
-        self.results += done
-        return done
-
-    def loop(self, rounds: int | None = None, until: Callable[[list[FailoverResult]], bool] | None = None) -> None:
-        """Run rounds every ``interval_s`` (``rounds`` of them, or until ``until`` says so, or forever)."""
-        n = 0
-        while rounds is None or n < rounds:
-            start = self.clock()
-            done = self.round()
-            n += 1
-            if until is not None and until(done):
-                return
-            if rounds is not None and n >= rounds:
-                return
-            self.sleep(max(0.0, self.interval_s - (self.clock() - start)))
-
-
-def _reason(h: NodeHealth) -> str:
-    return h.summary()[:150]
-
-
-def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None, peers: int = 2,
+def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None, peers: int = DEFAULT_PEERS,
                   progress: Progress = lambda _m: None, reporter: Reporter | None = None,
                   remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
                   persist: bool = True, command: str = "provision failover") -> Failover:

@@ -1,6 +1,6 @@
 """``provision cluster.yaml --rolling``: converge a running cluster a batch at a time, the way ops do on Slurm.
 
-Per batch of :mod:`provisioner.plan`:
+Per batch of :mod:`provisioner.day2.plan`:
 
 1. **drain** the batch's Slurm nodes (``scontrol update State=DRAIN Reason="provision rolling <id> ..."``): no
    new job starts there; running jobs go on. A node that was drained before the run is noted and left drained
@@ -29,20 +29,20 @@ from __future__ import annotations
 import contextlib
 import json
 import shlex
-from collections.abc import Callable, Collection, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from provisioner.day2 import peers as peers_mod
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
+from provisioner.day2.plan import Batch, Plan
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
-from provisioner.plan import Batch, Plan
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
-from provisioner.safetext import printable
-from provisioner.slurm.ctl import SlurmCtl, SlurmError, reason_text
-from provisioner.slurm.membership import spec_membership
+from provisioner.slurm.ctl import SlurmCtl, reason_text
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
 from provisioner.state import DAY2_WAIT_S, day2_lock, new_run_id, state_dir_for, utcnow, write_json_atomic
@@ -50,9 +50,7 @@ from provisioner.state import DAY2_WAIT_S, day2_lock, new_run_id, state_dir_for,
 ROLLING_DIR = "rolling"
 JOURNAL = "rolling.json"
 DEFAULT_MAX_WAIT_S = 3600.0
-DEFAULT_PEERS = 2
 
-Progress = Callable[[str], None]
 
 
 @dataclass
@@ -144,91 +142,6 @@ def resume_command(journal: RollingJournal) -> str:
 # ---------------------------------------------------------------------------------------------------------
 # judging a batch (pure)
 
-def batch_failures(report: VerifyReport, nodes: Sequence[str]) -> list[str]:
-    """Why verification fails the batch: errors and could-not-run results on its nodes or cluster-wide (a
-    finding on a peer alone, e.g. its older version in a rolling version change, does not count)."""
-    mine = set(nodes)
-    why: list[str] = []
-    for check in report.checks:
-        if check.error is not None and (check.node is None or check.node in mine):
-            why.append(f"{check.name} on {check.node or 'the batch'} could not run: {check.error}")
-        for f in check.findings:
-            if f.severity == "error" and (f.node is None or f.node in mine):
-                why.append(f"{f.location()}: {f.message}")
-    return [printable(w) for w in why]  # nodes' words, for the journal and the summary
-
-
-def pick_batch_peers(cluster: Cluster, batch: Sequence[str], done: Sequence[str], unhealthy: set[str],
-                     count: int = DEFAULT_PEERS, busy: Collection[str] = ()) -> list[str]:
-    """Healthy GPU compute peers sharing a rail with the batch: idle ones before those running Slurm jobs
-    (``busy``: a job's traffic would slow the measurement and the measurement the job), from finished batches
-    first, then the others, more than ``count`` only to cover a rail; none for a batch without GPU compute nodes."""
-    me = [cluster.node(n) for n in batch]
-    if not any(n.gpu_count and "compute" in n.roles for n in me):
-        return []
-    rails = {p.rail for n in me for p in n.rail_ports if p.rail is not None}
-    order = {n: 0 for n in done}
-    pool = [n for n in cluster.nodes if n.name not in batch and n.name not in unhealthy and n.gpu_count
-            and "compute" in n.roles and rails & {p.rail for p in n.rail_ports}]
-    pool.sort(key=lambda n: (n.name in busy, order.get(n.name, 1)))
-    chosen = pool[:max(0, count)]
-    for rail in sorted(rails):
-        if not any(rail in {p.rail for p in n.rail_ports} for n in chosen):
-            extra = next((n for n in pool if n not in chosen and rail in {p.rail for p in n.rail_ports}), None)
-            if extra is not None:
-                chosen.append(extra)
-    return [n.name for n in chosen]
-
-
-def busy_peers(ctl: SlurmCtl | None, cluster: Cluster, batch: Sequence[str], progress: Progress) -> set[str]:
-    """The GPU compute nodes outside ``batch`` that run Slurm jobs now (none without Slurm, or when slurmctld does
-    not answer: said, and peers are then picked as if all were idle)."""
-    if ctl is None:
-        return set()
-    spec = spec_membership(cluster)
-    slurm_nodes = set(spec.in_partitions) | set(spec.spares)  # every NodeName slurm.conf defines
-    others = [n.name for n in cluster.nodes if n.name not in batch and n.name in slurm_nodes and n.gpu_count
-              and "compute" in n.roles]
-    if not others:
-        return set()
-    try:
-        return set(ctl.busy_nodes(others))
-    except SlurmError as exc:
-        progress(f"could not ask Slurm which peers run jobs ({exc}); picking peers without it")
-        return set()
-
-
-def verify_batch(cluster: Cluster, nodes: Sequence[str], peers: Sequence[str], directory: Path, progress: Progress,
-                 remote: Remote | None = None) -> VerifyReport:
-    """The batch against its peers, one merged report under ``directory`` (see the module docstring)."""
-    from provisioner.replace import sm_nodes, subset
-    from provisioner.verify import verify, write_reports
-
-    wanted = set(cluster.spec.verify.tests)
-    gpu = [n for n in nodes if cluster.node(n).gpu_count and "compute" in cluster.node(n).roles]
-    tests = ["links", "versions"]
-    if gpu and peers:
-        tests += [t for t in ("bandwidth", "nccl") if t in wanted]
-    names = [*nodes, *peers]
-    sms = [n for n in sm_nodes(cluster) if n in nodes]
-    if sms:
-        tests.append("sm")
-        names += [n for n in sm_nodes(cluster) if n not in names]
-    # mpirun, not srun: the batch is drained (or a spare in no partition), where Slurm starts no job step; its
-    # peers are measured even while they run jobs (the batch cannot be proven without one)
-    run = verify(subset(cluster, names), tests=tests, mode="full", remote=remote, state_dir=directory,
-                 write=False, progress=progress, nccl_launcher="mpirun", include_busy=True)
-    checks = list(run.report.checks)
-    if gpu and peers and "gpudirect" in wanted:
-        for node in gpu:
-            extra = verify(subset(cluster, [node, peers[0]]), tests=["gpudirect"], remote=remote,
-                           state_dir=directory, write=False, progress=progress, include_busy=True)
-            checks += extra.report.checks
-    merged = replace(run.report, checks=tuple(checks), finished=datetime.now(UTC))
-    write_reports(merged, directory, run.inventory)
-    return merged
-
-
 # ---------------------------------------------------------------------------------------------------------
 # the engine
 
@@ -251,7 +164,7 @@ class Rolling:
     progress: Progress = lambda _m: None
     reporter: Reporter = field(default_factory=NullReporter)
     converge: Converge = provision_run
-    verifier: Verifier = verify_batch
+    verifier: Verifier = peers_mod.verify
     remote: Remote | None = None
     unhealthy: set[str] = field(default_factory=set)
     day2_wait_s: float = DAY2_WAIT_S
@@ -363,15 +276,15 @@ class Rolling:
         # 3. verify against healthy peers
         b.status = "verifying"
         done = [n for x in self.journal.batches if x.status == "done" for n in x.nodes]
-        b.peers = pick_batch_peers(self.cluster, b.nodes, done, self.unhealthy, self.peers,
-                                   busy_peers(self.ctl, self.cluster, b.nodes, self.progress))
+        b.peers = peers_mod.pick(self.cluster, b.nodes, self.unhealthy, self.peers, done=done,
+                             busy=peers_mod.busy_peers(self.ctl, self.cluster, b.nodes, self.progress))
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         directory = self.state_dir / ROLLING_DIR / rid / f"batch{b.index}-{stamp}"
         b.verify_dir = str(directory)
         self._save()
         self.progress(f"{label}: verify against {', '.join(b.peers) or 'no peer (links, versions)'}")
         report = self.verifier(self.cluster, b.nodes, b.peers, directory, self.progress, remote=self.remote)
-        failures = batch_failures(report, b.nodes)
+        failures = peers_mod.batch_failures(report, b.nodes)
         if failures:
             more = f" (+{len(failures) - 1} more, see {directory})" if len(failures) > 1 else ""
             self._fail(b, label, f"verify: {failures[0]}{more}")
@@ -412,12 +325,11 @@ def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | No
                 batch: str | None = None, max_wait_s: float = DEFAULT_MAX_WAIT_S, peers: int = DEFAULT_PEERS,
                 resume: bool = False, progress: Progress = lambda _m: None, reporter: Reporter | None = None,
                 remote_factory: Callable[[Mapping[str, Any]], Any] | None = None,
-                converge: Converge = provision_run, verifier: Verifier = verify_batch) -> RollingJournal:
+                converge: Converge = provision_run, verifier: Verifier = peers_mod.verify) -> RollingJournal:
     """A rolling run from the spec: plan it (or pick up the last stopped one with ``resume``), then run it."""
+    from provisioner.day2.plan import make_plan
     from provisioner.drift import fetch_manifests
-    from provisioner.plan import make_plan
     from provisioner.remote import SshRemote, targets_from_cluster
-    from provisioner.replace import unhealthy_nodes
     from provisioner.slurm.membership import current
     from provisioner.spec import load_cluster
 
@@ -446,7 +358,7 @@ def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | No
             journal = new_journal(plan, str(spec), options)
             progress(f"rolling {journal.rolling_id}: {len(journal.batches)} batch(es) of --batch {plan.batch_size}")
         save(sdir, journal)
-        unhealthy = unhealthy_nodes(sdir) | set(current(cluster, sdir).failed)
+        unhealthy = peers_mod.unhealthy_nodes(sdir) | set(current(cluster, sdir).failed)
         engine = Rolling(spec, cluster, sdir, journal, ctl, overlay=str(overlay) if overlay else None,
                          max_wait_s=max_wait_s, peers=peers, progress=progress,
                          reporter=reporter or NullReporter(), converge=converge, verifier=verifier,
