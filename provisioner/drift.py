@@ -126,6 +126,12 @@ def _package(name: str) -> Callable[[Manifest], str | None]:
     return observe
 
 
+def _cgroup(m: Manifest) -> str | None:
+    """The cgroup hierarchy the node booted (v1, v2), as the manifest role read it from /proc/self/mountinfo."""
+    v = m.get("cgroup")
+    return str(v) if v else None
+
+
 def _ofed_version(m: Manifest) -> str | None:
     """``MLNX_OFED_LINUX-23.10-2.1.3.1`` → ``23.10-2.1.3.1``."""
     raw = m.get("ofed")
@@ -149,6 +155,7 @@ def node_pins(cluster: Cluster) -> dict[str, list[Pin]]:
     sw = cluster.spec.software
     groups = build_inventory(cluster).groups
     lustre = set(groups.get("lustre_clients", []))
+    slurm_v1 = set(groups.get("slurm_nodes", [])) if cluster.spec.slurm and cluster.spec.slurm.cgroup == "v1" else set()
     branch = sw.driver.branch
     flavor = "-open" if sw.driver.kernel_modules == "open" else ""
     cuda = ".".join(sw.cuda.split(".")[:2])
@@ -169,6 +176,9 @@ def node_pins(cluster: Cluster) -> dict[str, list[Pin]]:
             pins.append(Pin("ofed", sw.ofed.version, _ofed_version))
         if sw.lustre_client and n.name in lustre:
             pins.append(Pin("lustre_client", sw.lustre_client, _package("lustre-client-utils")))
+        if n.name in slurm_v1:
+            pins.append(Pin("cgroup", "v1", _cgroup, "slurm.cgroup: v1 boots the node with "
+                            "systemd.unified_cgroup_hierarchy=0"))
         out[n.name] = pins
     return out
 

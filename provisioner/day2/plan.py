@@ -10,6 +10,8 @@ change, with the phase that makes it and what it disrupts:
   mlxfwreset), which the role never does. A new NVIDIA driver while the old module is loaded: the module in
   memory stays the old one until it is unloaded, and with a GPU job or nvidia-persistenced holding it, that means
   a reboot (the nvidia_driver role reboots such a node when the spec allows it, ``reboot.allowed``).
+* **reboot** too: a Slurm node to boot with cgroup v1 (``slurm.cgroup: v1``) that runs v2 (its kernel command
+  line changes only at boot).
 * **ofed restart**: a new DOCA-OFED/MLNX_OFED. ``openibd`` restarts: every RDMA port of the node goes down and comes
   back, nvidia_peermem is reloaded, a subnet manager on the node restarts (the standby takes over meanwhile).
 * **service restart**: fabric manager (with the driver), a Lustre client remount.
@@ -48,7 +50,7 @@ EFFECTS = ("reboot", "ofed restart", "sm restart", "service restart", "unknown",
 
 ITEM_PHASE = {"driver": "gpu_stack", "fabric_manager": "gpu_stack", "cuda": "gpu_stack", "nccl": "gpu_stack",
               "nccl_cuda_build": "gpu_stack", "nccl_tests": "gpu_stack", "doca_ofed": "ofed", "ofed": "ofed",
-              "lustre_client": "storage"}
+              "lustre_client": "storage", "cgroup": "slurm"}
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,10 @@ def node_changes(cluster: Cluster, node: str, manifest: Manifest) -> list[Change
             effect = "sm restart" if sm else "ofed restart"
             why = ("openibd restarts: every RDMA port of the node goes down and comes back, nvidia_peermem is "
                    "reloaded" + ("; the subnet manager on it restarts (a standby takes over meanwhile)" if sm else ""))
+        elif pin.item == "cgroup":
+            effect, why = "reboot", (f"the node runs cgroup {got or '(unknown)'}: the kernel command line "
+                                     "(systemd.unified_cgroup_hierarchy=0 for Slurm's cgroup/v1) takes effect only "
+                                     "at boot")
         elif pin.item == "lustre_client":
             effect, why = "service restart", "the Lustre client modules reload: its mounts are remounted"
         else:

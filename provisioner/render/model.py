@@ -16,6 +16,7 @@ from provisioner.render import ipoib as ipoib_render
 from provisioner.render.ssh import Hop, ssh_common_args
 from provisioner.spec.cluster import Cluster, Node
 from provisioner.spec.ipoib import nfs_server_address
+from provisioner.spec.models import Repo
 from provisioner.spec.rules import members, nccl_pkey
 
 OS_CODENAMES = {"ubuntu-22.04": "jammy", "ubuntu-24.04": "noble", "debian-12": "bookworm"}
@@ -143,6 +144,41 @@ def _slurm_vars(cluster: Cluster, inv: Inventory) -> dict[str, Any]:
         "slurm_spares": now.spares,
         "slurm_failed": [],
         "slurm_gres": slurm.gres,
+        **_slurm_os_vars(cluster),
+    }
+
+
+def _repo_vars(cluster: Cluster, repo: Repo | None) -> dict[str, Any] | None:
+    if repo is None:
+        return None
+    return {"url": repo.url, "key": _spec_relative(cluster, repo.key),
+            "suite": repo.suite or OS_CODENAMES[cluster.spec.cluster.os], "components": list(repo.components)}
+
+
+def _slurm_os_vars(cluster: Cluster) -> dict[str, Any]:
+    """What the slurm role writes per OS and Slurm release (provisioner.spec.slurm_os), the topology.conf of
+    `provision export slurm`, slurmdbd and NHC."""
+    from provisioner.export.slurm import export_topology
+    from provisioner.fabric.nhc import export_nhc
+    from provisioner.spec import slurm_os
+
+    slurm = cluster.spec.slurm
+    assert slurm is not None
+    by_name = {n.name: n for n in cluster.nodes}
+    acct = slurm.accounting
+    nhc = slurm.nhc
+    return {
+        "slurm_min_version": slurm_os.fmt(slurm_os.slurm_release(cluster)),
+        "slurm_cgroup_conf": slurm_os.cgroup_conf(cluster),
+        "slurm_boot_parameters": slurm_os.boot_parameters(cluster),
+        "vendor_repos_slurm": _repo_vars(cluster, slurm.repository),
+        "slurm_topology_conf": export_topology(cluster) if cluster.cables else "",
+        "slurm_accounting_host": acct.host if acct else "",
+        "slurm_accounting_address": by_name[acct.host].address if acct and acct.host in by_name else "",
+        "vendor_repos_nhc": _repo_vars(cluster, nhc.repository if nhc else None),
+        "slurm_nhc": ({"package": nhc.package, "interval": nhc.interval, "node_state": list(nhc.node_state)}
+                      if nhc else None),
+        "slurm_nhc_conf": export_nhc(cluster) if nhc else "",
     }
 
 

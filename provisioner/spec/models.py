@@ -548,12 +548,47 @@ class SlurmPartition(Strict):
     max_time: SlurmTime = Field("INFINITE", description="MaxTime= of the partition.")
 
 
+SlurmRelease = Annotated[str, StringConstraints(pattern=r"^[0-9]{2}\.[0-9]{2}$")]
+HealthNodeState = Literal["ALLOC", "ANY", "CYCLE", "IDLE", "MIXED", "NONDRAINED_IDLE"]
+
+
+class SlurmNhc(Strict):
+    repository: Repo = Field(description="Site mirror holding LBNL NHC's Debian package (no supported OS ships "
+                             "one): the slurm role installs it from there on every Slurm node.")
+    package: Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9.+-]{0,63}$")] = Field(
+        "lbnl-nhc", description="The package's name in that repository.")
+    interval: int = Field(300, ge=10, le=86400, description="HealthCheckInterval= (seconds between two runs of "
+                          "/usr/sbin/nhc on each node).")
+    node_state: list[HealthNodeState] = Field(
+        default_factory=lambda: list[HealthNodeState](["ANY"]), min_length=1,
+        description="HealthCheckNodeState=: the node states NHC runs in (CYCLE spreads the runs over the interval).")
+
+
+class SlurmAccounting(Strict):
+    host: HostName = Field(description="The node running slurmdbd (with a local MariaDB it reaches through the "
+                           "unix socket, so no database password exists); slurm.conf names it "
+                           "(AccountingStorageType=accounting_storage/slurmdbd).")
+
+
 class Slurm(Strict):
     controller: HostName = Field(description="The node running slurmctld (munge's key is made there).")
     partitions: list[SlurmPartition] = Field(min_length=1, description="Partitions and their nodes; spares are "
                                              "in none of them.")
     gres: bool = Field(True, description="Declare the GPUs as GRES (GresTypes=gpu, Gres=gpu:N, gres.conf with "
-                       "/dev/nvidia*).")
+                       "AutoDetect=nvml and /dev/nvidia*).")
+    version: SlurmRelease | None = Field(
+        None, description="The Slurm release (\"23.11\") slurm.repository serves; unset: the OS's own package "
+        "(Ubuntu 22.04: 21.08, Debian 12: 22.05, Ubuntu 24.04: 23.11).")
+    repository: Repo | None = Field(
+        None, description="Site repository with a newer Slurm than the OS ships (give its release in "
+        "slurm.version): the way to cgroup v2 on Ubuntu 22.04.")
+    cgroup: Literal["v2", "v1"] = Field(
+        "v2", description="The cgroup version the nodes run Slurm under. v2 needs Slurm >= 22.05 (cgroup/v2); v1 "
+        "boots the nodes with systemd.unified_cgroup_hierarchy=0 (a reboot: `provision plan` shows it as one).")
+    accounting: SlurmAccounting | None = Field(None, description="Job accounting through slurmdbd; unset: none.")
+    nhc: SlurmNhc | None = Field(
+        None, description="LBNL NHC on every Slurm node from a site mirror, with `provision export nhc`'s nhc.conf, "
+        "run by slurmd (HealthCheckProgram=/usr/sbin/nhc): a node failing a check is drained with NHC's reason.")
 
 
 class Spares(Strict):

@@ -52,7 +52,9 @@ OWNED_VARS = frozenset({
     "nfs_client_rdma_packages", "nfs_server_rdma", "nfs_server_rdma_packages", "nvidia_driver_allow_reboot",
     "opensm_default_partition_ipoib_mtu", "perftest_cuda_enabled", "perftest_cuda_version", "slurm_enabled",
     "slurm_controller", "slurm_controller_address", "slurm_nodes", "slurm_partitions", "slurm_spares", "slurm_failed",
-    "slurm_gres", "preflight_mok_key", "preflight_mok_cert", "host_tuning_ntp_servers",
+    "slurm_gres", "slurm_min_version", "slurm_cgroup_conf", "slurm_boot_parameters", "vendor_repos_slurm",
+    "slurm_topology_conf", "slurm_accounting_host", "slurm_accounting_address", "vendor_repos_nhc", "slurm_nhc",
+    "slurm_nhc_conf", "preflight_mok_key", "preflight_mok_cert", "host_tuning_ntp_servers",
     "doca_ofed_firmware_mirror", "doca_ofed_firmware_pins", "doca_ofed_mlxconfig_settings", "manifest_mlxconfig_keys",
     "preflight_firmware_pins", "preflight_firmware_mirror",
 })

@@ -1224,3 +1224,5 @@ def _spares(c: Cluster, rep: Reporter, r: Rule) -> None:
                     r.report(rep, ("spares", "nodes"), f"spare {n} is not in InfiniBand partition {ib.name} "
                              f"(P_Key {ib.pkey:#06x}) of {hostlist.compress(served)}: in their place it could not "
                              "reach their peers", f"add {n} to {ib.name}'s members; standing by there is harmless")
+
+from provisioner.spec import slurm_os as _slurm_os  # noqa: E402,F401  (registers SLURM-CGROUP)

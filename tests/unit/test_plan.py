@@ -159,3 +159,22 @@ def test_the_spec_name_in_the_summary_is_one_line(lab: Cluster) -> None:
     lines = summary_lines(make_plan(odd, fleet(odd), {}, spec_membership(odd)))
     assert lines[0].startswith(f"plan for {odd.name} (/srv/c\\n\\x1b[2Jx.yaml; "), lines[0]
     assert not any("\x1b" in ln for ln in lines)
+
+
+def test_cgroup_v1_for_slurm_is_a_reboot_of_the_slurm_nodes_booted_v2(lab: Cluster) -> None:
+    # slurm.cgroup: v1 (the way out for Ubuntu 22.04's Slurm 21.08): the kernel command line changes at boot only
+    c = _cluster(LAB.replace("slurm:\n", "slurm:\n  cgroup: v1\n"))
+    manifests = fleet(c)
+    for name, m in manifests.items():
+        m["cgroup"] = "v1" if name == "gpu02" else "v2"
+    plan = make_plan(c, manifests, {}, spec_membership(c), batch="1")
+    gpu01 = plan.nodes["gpu01"]
+    assert [(ch.item, ch.current, ch.wanted, ch.phase, ch.effect) for ch in gpu01.changes] == [
+        ("cgroup", "v2", "v1", "slurm", "reboot")]
+    assert "systemd.unified_cgroup_hierarchy=0" in gpu01.changes[0].why
+    assert plan.nodes["gpu02"].changes == []               # booted v1 already
+    assert plan.nodes["sm1"].changes == []                 # the controller runs no slurmd: no cgroup of jobs
+    assert "gpu01 (compute): cgroup v2 -> v1 [slurm] reboot" in "\n".join(summary_lines(plan))
+    # v2 (the default) pins nothing: a node's hierarchy is not planned when the spec does not ask for v1
+    assert not any(ch.item == "cgroup" for p in make_plan(lab, manifests, {}, spec_membership(lab)).nodes.values()
+                   for ch in p.changes)

@@ -166,6 +166,19 @@ def hcas(mlx_keys: list[str] | None = None) -> dict[str, dict[str, object]]:
     return out
 
 
+def cgroup(mountinfo: str | None = None) -> str | None:
+    """The cgroup hierarchy the node booted: "v2" (cgroup2 at /sys/fs/cgroup, unified), "v1" (legacy or hybrid:
+    a tmpfs of v1 controllers there), None when /sys/fs/cgroup is not mounted (proc(5) mountinfo: mount point is
+    field 5, the file system type follows the " - " separator)."""
+    text = read("/proc/self/mountinfo") if mountinfo is None else mountinfo
+    for line in (text or "").splitlines():
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) >= 5 and parts[4] == "/sys/fs/cgroup" and rest:
+            return "v2" if rest.split()[0] == "cgroup2" else "v1"
+    return None
+
+
 def main(argv: list[str]) -> int:
     regex = r"^(nvidia|nvidia_[a-z_]+|ib_[a-z_]+|mlx5_[a-z_]+)$"
     args = list(argv)
@@ -189,6 +202,7 @@ def main(argv: list[str]) -> int:
         "ofed": ofed(),
         "modules": modules(regex),
         "hcas": hcas(mlx_keys),
+        "cgroup": cgroup(),
     }
     json.dump(doc, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
