@@ -132,6 +132,8 @@ def _slurm_vars(cluster: Cluster, inv: Inventory) -> dict[str, Any]:
     inv.groups["slurm_nodes"] = [n for n in nodes if n in by_name]
     if now.spares:
         inv.groups["spares"] = list(now.spares)
+    if slurm.accounting is not None:
+        inv.groups["slurm_accounting"] = [slurm.accounting.host]
     ctl = by_name.get(slurm.controller)
     return {
         "slurm_enabled": True,

@@ -169,6 +169,16 @@ def test_gres_conf_autodetects_through_nvml_only_where_slurm_has_the_plugin(tmp_
     assert "AutoDetect" not in _role_files(allv, nvml=False)["gres.conf"]
 
 
+def test_the_accounting_host_is_in_the_slurm_play_even_when_it_runs_neither_daemon(tmp_path: Path) -> None:
+    spec = _spec(tmp_path, "  accounting: {host: sm2}\n", os="debian-12")
+    cluster, _ = load_cluster(spec)
+    inv = build_inventory(cluster)
+    assert inv.groups["slurm_accounting"] == ["sm2"] and "sm2" not in inv.groups["slurm_nodes"] + ["sm1"]
+    play = (ROOT / "playbooks" / "slurm.yml").read_text()
+    assert "hosts: slurm_controller:slurm_nodes:slurm_accounting" in play
+    assert "inventory_hostname == slurm_accounting_host" in (ROOT / "roles/slurm/tasks/main.yml").read_text()
+
+
 def test_an_accounting_host_that_is_no_node_is_a_validate_error(tmp_path: Path) -> None:
     errs = _errors(_spec(tmp_path, "  accounting: {host: db9}\n", os="debian-12"), "SLURM-ACCOUNTING")
     assert len(errs) == 1 and "'db9' is not defined" in errs[0][1]
