@@ -32,6 +32,7 @@ from provisioner.lab.host import (
     _quiet,
     ensure_containers_conf,
     ensure_host_packages,
+    host_lock,
     lab_dir,
     podman,
     require_root,
@@ -404,6 +405,32 @@ def _write_text(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.replace(path)
 
 
+def _place_and_start(cluster: str, specs: Sequence[LabNodeSpec], state_dir: Path,
+                     exports: Mapping[str, Sequence[str]], links: Mapping[str, Sequence[tuple[str, str]]],
+                     progress: Progress) -> tuple[dict[str, str], dict[str, dict[str, Any]], list[str]]:
+    """Make the networks, pick the nodes' addresses and start their containers, all under the host lock: the
+    addresses are free only until the containers hold them. Returns the addresses, the containers that were
+    there before and the hosts whose containers were created now."""
+    hosts = [s.hostname for s in specs]
+    with host_lock(f"lab up {cluster}"):
+        network.ensure_network()
+        made = ipoib.ensure_networks(links)
+        if made:
+            progress(f"simulated IPoIB networks created: {', '.join(made)}")
+        addresses = allocate_addresses(hosts, _load_overlay_addresses(state_dir / "overlay.yaml"),
+                                       _used_addresses(cluster),
+                                       preferred={s.hostname: s.address for s in specs if s.address})
+        current = _containers(cluster)
+        progress(f"starting {len(hosts)} node container(s)")
+        with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(hosts)))) as pool:
+            created_flags = list(pool.map(
+                lambda h: _start(cluster, h, addresses[h], state_dir, current.get(container_name(cluster, h)),
+                                 exports.get(h, ()), links.get(h, ())),
+                hosts,
+            ))
+    return addresses, current, [h for h, made in zip(hosts, created_flags, strict=True) if made]
+
+
 def lab_up(
     cluster_name: str,
     nodes: Sequence[LabNodeSpec],
@@ -438,11 +465,7 @@ def lab_up(
     ensure_host_packages(progress)
     ensure_containers_conf()
     image.ensure_image(progress)
-    network.ensure_network()
     links = {h: list(v) for h, v in (ipoib_links or {}).items()}
-    made = ipoib.ensure_networks(links)
-    if made:
-        progress(f"simulated IPoIB networks created: {', '.join(made)}")
 
     state_dir = cluster_dir(cluster)
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -459,17 +482,7 @@ def lab_up(
     keyring = ensure_vendor_repo(cluster, state_dir, versions, progress) if versions is not None else None
 
     overlay_path = state_dir / "overlay.yaml"
-    addresses = allocate_addresses(hosts, _load_overlay_addresses(overlay_path), _used_addresses(cluster),
-                                   preferred={s.hostname: s.address for s in specs if s.address})
-    current = _containers(cluster)
-    progress(f"starting {len(hosts)} node container(s)")
-    with ThreadPoolExecutor(max_workers=max(1, min(START_WORKERS, len(hosts)))) as pool:
-        created_flags = list(pool.map(
-            lambda h: _start(cluster, h, addresses[h], state_dir, current.get(container_name(cluster, h)),
-                             exports.get(h, ()), links.get(h, ())),
-            hosts,
-        ))
-    created = [h for h, made in zip(hosts, created_flags, strict=True) if made]
+    addresses, current, created = _place_and_start(cluster, specs, state_dir, exports, links, progress)
     progress("waiting for sshd on every node")
     umads = {s.hostname: labstate.umad_count(labstate.load_node(str(state_dir), s.hostname)) for s in specs}
     paused = {name for name, row in current.items() if row.get("State") == "paused"}
@@ -524,14 +537,15 @@ def lab_down(cluster_name: str, progress: Progress = _quiet) -> list[str]:
             left = sorted(_containers(cluster))
             if left:
                 podman("rm", "--force", "--time", "2", *left, timeout=60 + 10 * len(left))
+    with host_lock(f"lab down {cluster}"):  # no other lab is between creating the network and joining it
+        ipoib.remove_networks(cluster)
+        network.remove_network_if_unused()
     state_dir = cluster_dir(cluster)
     if state_dir.exists():
         shutil.rmtree(state_dir)
     gnupg_home = vendor_gnupg_home(cluster)
     if gnupg_home.exists():
         shutil.rmtree(gnupg_home)
-    ipoib.remove_networks(cluster)
-    network.remove_network_if_unused()
     return names
 
 

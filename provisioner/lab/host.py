@@ -10,11 +10,12 @@ is set podman reads only that file, so it carries everything needed.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import shutil
 import subprocess
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 from provisioner.errors import LabError
@@ -25,6 +26,11 @@ HOST_PACKAGES: tuple[str, ...] = (
 """Debian packages the lab needs on the host (runc: crun fails on hybrid cgroups)."""
 
 LAB_DIR_ENV = "PROVISIONER_LAB_DIR"
+HOST_LOCK = Path("/run/lock/provisioner-lab-host.lock")
+"""Host-wide, whatever the lab dir: every lab on this host shares podman's lab network (its addresses, its
+creation and removal) and the node image, so the steps that read and change them run under this lock."""
+HOST_LOCK_WAIT_S = 1800.0
+"""How long a lab step waits for another one (the longest holder builds the node image: minutes)."""
 DEFAULT_NOFILE = (1024, 1024)
 DEFAULT_NPROC = (4096, 4096)
 
@@ -39,6 +45,23 @@ def lab_dir() -> Path:
     """The lab state dir: ``$PROVISIONER_LAB_DIR`` or ``.lab/`` in the current directory."""
     configured = os.environ.get(LAB_DIR_ENV)
     return Path(configured).resolve() if configured else Path.cwd().resolve() / ".lab"
+
+
+@contextlib.contextmanager
+def host_lock(what: str) -> Iterator[None]:
+    """Hold :data:`HOST_LOCK` for ``what`` (re-entrant within a thread; the kernel drops it if the process dies).
+    Without it two labs brought up at once picked the same free addresses and the second's ``podman run``
+    failed, and a ``lab down`` could remove the network between another lab's creating it and its containers
+    joining it."""
+    from provisioner.state import acquire_lock
+
+    lock = acquire_lock(HOST_LOCK, command=f"provision lab ({what})", wait_s=HOST_LOCK_WAIT_S,
+                        refusal=lambda who: f"the lab's host lock {HOST_LOCK} is still held by {who}",
+                        hint="wait for that lab command to end, then run this again")
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 def cache_dir() -> Path:

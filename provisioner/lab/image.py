@@ -29,7 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from provisioner.errors import LabError
-from provisioner.lab.host import Progress, _last_line, _quiet, cache_dir, podman, podman_env, require_root
+from provisioner.lab.host import (
+    Progress,
+    _last_line,
+    _quiet,
+    cache_dir,
+    host_lock,
+    podman,
+    podman_env,
+    require_root,
+)
 
 IMAGE = "localhost/provisioner-lab-node:bookworm"
 BASE_REPO = "localhost/provisioner-lab-base"
@@ -375,6 +384,16 @@ def ensure_image(progress: Progress = _quiet, *, rebuild: bool = False) -> str:
     if not rebuild and _image_label(IMAGE, RECIPE_LABEL) == recipe:
         return recipe
     require_root()
+    with host_lock("node image"):  # parallel labs and molecule scenarios build it once; the others wait for it
+        if not rebuild and _image_label(IMAGE, RECIPE_LABEL) == recipe:
+            return recipe
+        _build_image(base_hash, recipe, files, progress, rebuild=rebuild)
+    return recipe
+
+
+def _build_image(base_hash: str, recipe: str, files: dict[str, tuple[bytes, int]], progress: Progress, *,
+                 rebuild: bool) -> None:
+    """Import (or debootstrap) the base when it is missing or stale, then add the lab layer."""
     base_tag = f"{BASE_REPO}:{base_hash}"
     if rebuild or _image_label(base_tag, BASE_LABEL) != base_hash:
         tarball = base_tarball(base_hash)
@@ -392,4 +411,3 @@ def ensure_image(progress: Progress = _quiet, *, rebuild: bool = False) -> str:
     _add_lab_layer(base_tag, recipe, files)
     if old:
         podman("image", "rm", old, check=False)  # fails harmlessly while a container uses it
-    return recipe

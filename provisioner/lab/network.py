@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from provisioner.errors import LabError
-from provisioner.lab.host import podman
+from provisioner.lab.host import host_lock, podman
 from provisioner.lab.names import NETWORK, SUBNET
 
 FALLBACK_METRIC = 4000
@@ -50,18 +50,20 @@ def network_subnets(name: str = NETWORK) -> list[str] | None:
 
 
 def ensure_network(name: str = NETWORK, subnet: str = SUBNET) -> bool:
-    """Create the lab network if missing (True when created) and install the fallback route."""
-    subnets = network_subnets(name)
-    created = False
-    if subnets is None:
-        podman("network", "create", "--subnet", subnet, name)
-        created = True
-    elif subnet not in subnets:
-        raise LabError(
-            f"podman network {name} exists with subnet {' '.join(subnets) or 'none'}, not {subnet}",
-            hint=f"remove it: podman network rm {name}",
-        )
-    ensure_fallback_route(subnet)
+    """Create the lab network if missing (True when created) and install the fallback route (under the host
+    lock: two labs starting at once both found it missing, and the second's create failed)."""
+    with host_lock("lab network"):
+        subnets = network_subnets(name)
+        created = False
+        if subnets is None:
+            podman("network", "create", "--subnet", subnet, name)
+            created = True
+        elif subnet not in subnets:
+            raise LabError(
+                f"podman network {name} exists with subnet {' '.join(subnets) or 'none'}, not {subnet}",
+                hint=f"remove it: podman network rm {name}",
+            )
+        ensure_fallback_route(subnet)
     return created
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,73 @@ def test_cli_lab_up_gives_the_nfs_servers_their_exports(monkeypatch: pytest.Monk
     root = Path(__file__).resolve().parents[2]
     assert main(["lab", "up", str(root / "examples" / "lab" / "cluster.yaml")]) != 0
     assert seen["nfs_exports"] == {"sm1": ["/export/shared"]}
+
+
+def _fake_podman_network(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> dict[str, str]:
+    """lab_up's podman side faked: one lab network whose addresses ``podman run`` refuses twice, as podman's IPAM
+    does; ``_used_addresses`` waits (up to 1 s) for a second caller so that two unserialised bring-ups both read
+    the network before either starts a container. Returns the network's ``{ip: container}``."""
+    import threading
+
+    from provisioner.lab import host
+
+    monkeypatch.setenv("PROVISIONER_LAB_DIR", str(tmp_path / "lab"))
+    monkeypatch.setattr(host, "HOST_LOCK", tmp_path / "host.lock", raising=False)
+    for name in ("require_root", "ensure_host_packages", "ensure_containers_conf"):
+        monkeypatch.setattr(cluster, name, lambda *_a, **_k: None)
+    monkeypatch.setattr(cluster.image, "ensure_image", lambda *_a, **_k: "recipe")
+    monkeypatch.setattr(cluster.network, "ensure_network", lambda *_a, **_k: False)
+    monkeypatch.setattr(cluster.network, "flush_neighbours", lambda *_a, **_k: None)
+    monkeypatch.setattr(cluster.network, "wait_for_ssh", lambda *_a, **_k: {})
+    monkeypatch.setattr(cluster.ipoib, "ensure_networks", lambda *_a, **_k: [])
+    monkeypatch.setattr(cluster, "_containers", lambda *_a, **_k: {})
+    monkeypatch.setattr(cluster, "_prepare_node", lambda *_a, **_k: "ssh-ed25519 AAAAC3Nz fake")
+    on_network: dict[str, str] = {}
+    guard = threading.Lock()
+    both_read = threading.Barrier(2)
+
+    def used(_exclude: str) -> set[str]:
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_read.wait(timeout=1.0)
+        with guard:
+            return set(on_network)
+
+    def start(name: str, host: str, ip: str, *_a: object, **_k: object) -> bool:
+        with guard:
+            if ip in on_network:
+                raise LabError(f"podman run {container_name(name, host)}: IPAM error: requested ip address {ip} "
+                               f"is already allocated to container {on_network[ip]}")
+            on_network[ip] = container_name(name, host)
+        return True
+
+    monkeypatch.setattr(cluster, "_used_addresses", used)
+    monkeypatch.setattr(cluster, "_start", start)
+    return on_network
+
+
+def test_two_labs_brought_up_at_once_get_distinct_addresses(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two `lab up`s at once (parallel lab test workers, two engineers) share the one lab network: each picks its
+    addresses from what is on the network and then starts its containers, so both must not pick before either
+    starts, or the second's `podman run` fails on an address the first took."""
+    import threading
+
+    from provisioner.lab.hardware import LabNodeSpec
+
+    on_network = _fake_podman_network(monkeypatch, tmp_path)
+    errors: list[BaseException] = []
+    results: dict[str, cluster.LabInfo] = {}
+
+    def up(name: str) -> None:
+        try:
+            results[name] = cluster.lab_up(name, [LabNodeSpec(hostname=f"gpu0{i}") for i in (1, 2, 3)])
+        except BaseException as exc:  # reported by the assertion below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=up, args=(name,)) for name in ("laba", "labb")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    assert errors == []
+    assert len(on_network) == 6
+    assert set(results["laba"].addresses.values()).isdisjoint(results["labb"].addresses.values())
