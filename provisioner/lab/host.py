@@ -15,6 +15,7 @@ import os
 import resource
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
@@ -161,9 +162,12 @@ def ensure_containers_conf(directory: Path | None = None) -> Path:
     text = containers_conf_text(nofile, nproc)
     path = directory / "containers.conf"
     if not path.exists() or path.read_text(encoding="utf-8") != text:
-        tmp = path.with_name(".containers.conf.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(path)
+        # a temporary name of its own: lab steps sharing the lab dir (parallel test workers) write it at once
+        fd, name = tempfile.mkstemp(prefix=".containers.conf.", dir=directory)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(name, 0o644)
+        Path(name).replace(path)
     return path
 
 

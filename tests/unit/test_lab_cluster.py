@@ -218,3 +218,26 @@ def test_two_labs_brought_up_at_once_get_distinct_addresses(monkeypatch: pytest.
     assert errors == []
     assert len(on_network) == 6
     assert set(results["laba"].addresses.values()).isdisjoint(results["labb"].addresses.values())
+
+
+def test_containers_conf_written_by_two_labs_at_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two lab steps sharing a lab dir (parallel lab test workers) both write containers.conf when it is missing.
+    With one temporary name for both, the first rename took the second's file away and the second failed with
+    FileNotFoundError; here the second writer runs entirely inside the first one's rename."""
+    from provisioner.lab import host
+
+    real_replace = Path.replace
+    renames: list[str] = []
+    nested: list[Path] = []
+
+    def replace(self: Path, target: Path) -> Path:
+        renames.append(self.name)
+        if len(renames) == 1:
+            nested.append(host.ensure_containers_conf(tmp_path))
+        return real_replace(self, target)
+
+    monkeypatch.setattr(Path, "replace", replace)
+    path = host.ensure_containers_conf(tmp_path)
+    assert len(renames) == 2 and nested == [path]
+    assert path.read_text(encoding="utf-8") != ""
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["containers.conf"]
