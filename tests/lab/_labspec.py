@@ -18,8 +18,16 @@ from provisioner.lab.host import ensure_containers_conf
 from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.spec import load_cluster
 
-CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labtest")
-"""Overridable so that two runs on one host (a CI job and a developer) do not share containers."""
+
+def cluster_name(own: str) -> str:
+    """A lab test module's cluster: its ``own`` name, after ``$PROVISIONER_LAB_TEST_CLUSTER-`` when that is set
+    (two runs on one host, a CI job and a developer, must not share containers). A prefix rather than the whole
+    name: the modules of one run go on being distinct clusters, which parallel workers bring up at once."""
+    prefix = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER")
+    return f"{prefix}-{own}" if prefix else own
+
+
+CLUSTER = cluster_name("labtest")
 
 
 # The apt pinning the gpu_stack and perftest_cuda roles write for examples/lab/cluster.yaml's pins: with it the

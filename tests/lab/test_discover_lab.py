@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from _labspec import APT, APT_PINS  # type: ignore[import-not-found]
+from _labspec import APT, APT_PINS, cluster_name  # type: ignore[import-not-found]
 
 from provisioner.spec import load_cluster, load_spec
 
@@ -32,7 +32,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-NAME = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labdisc")
+NAME = cluster_name("labdisc")
 PROVISION = str(Path(sys.executable).parent / "provision")
 GPU_NODES = ("gpu01", "gpu02", "gpu03")
 GPU_PACKAGES = "nvidia-driver-550-open libnccl2 cuda-toolkit-12-4 doca-ofed"

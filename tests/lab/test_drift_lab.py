@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _labspec import APT, APT_PINS  # type: ignore[import-not-found]
+from _labspec import APT, APT_PINS, cluster_name  # type: ignore[import-not-found]
 
 from provisioner import cli
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
@@ -47,7 +47,7 @@ pytestmark = [
 
 ROOT = Path(__file__).resolve().parents[2]
 ROLE = ROOT / "roles" / "manifest"
-CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "drift")
+CLUSTER = cluster_name("drift")
 NODES = ("gpu01", "gpu02")
 DRIFTED = "gpu02"
 NCCL_PINNED, NCCL_DRIFT = "2.21.5-1+cuda12.4", "2.23.4-1+cuda12.4"

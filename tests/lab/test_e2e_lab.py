@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
+from _labspec import SpecLab, cluster_name, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
 from provisioner.day2.replace import HostKeyRefused, observe, replace_node, summary_lines
@@ -60,7 +60,7 @@ pytestmark = [
 ]
 
 SPEC = Path(__file__).with_name("e2e_cluster.yaml")
-CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "e2etest")
+CLUSTER = cluster_name("e2etest")
 """Container names are global to podman: two sessions with one name share (and break) one lab."""
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
 CONVERGE = ["preflight", "repos", "ofed", "gpu_stack", "fabric", "storage"]

@@ -28,6 +28,7 @@ import _labspec  # type: ignore[import-not-found]
 
 pytestmark = [
     pytest.mark.lab,
+    pytest.mark.lab_alone,  # its teardown asserts that the lab network is gone: no other lab may be up
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("apt-get") is None, reason="needs root on Debian"),
 ]
 

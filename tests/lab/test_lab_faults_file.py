@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _labspec import cluster_name  # type: ignore[import-not-found]
 
 pytestmark = [
     pytest.mark.lab,
@@ -23,7 +24,7 @@ pytestmark = [
 ]
 
 ROOT = Path(__file__).resolve().parents[2]
-NAME = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "labfaults")
+NAME = cluster_name("labfaults")
 PROVISION = str(Path(sys.executable).parent / "provision")
 FAULTS = """\
 faults:

@@ -42,7 +42,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _labspec import SpecLab, spec_lab  # type: ignore[import-not-found]
+from _labspec import SpecLab, cluster_name, spec_lab  # type: ignore[import-not-found]
 
 from provisioner import cli
 from provisioner.day2.rolling import load_last
@@ -59,7 +59,7 @@ pytestmark = [
 ]
 
 SPEC = Path(__file__).with_name("slurm_cluster.yaml")
-CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "slurmlab")
+CLUSTER = cluster_name("slurmlab")
 OLD_DRIVER, NEW_DRIVER = "550.90.07", "550.127.05"
 HOSTS = ["gpu01", "gpu02", "gpu03", "sm1"]
 

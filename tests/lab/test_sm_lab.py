@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 import yaml
+from _labspec import cluster_name  # type: ignore[import-not-found]
 
 from provisioner.fabric import sm
 from provisioner.lab import cluster, faults
@@ -38,7 +39,7 @@ pytestmark = [
 ]
 
 REPO = Path(__file__).resolve().parents[2]
-CLUSTER = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "smlab")
+CLUSTER = cluster_name("smlab")
 SMS = ("sm1", "sm2")
 GPUS = ("gpu01", "gpu02")
 TENANT_PKEY = "0x0002"

@@ -57,12 +57,11 @@ def _exec(name: str, script: str, timeout: float = 600) -> str:
 def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     os.environ.setdefault("PROVISIONER_LAB_DIR", str(tmp_path_factory.mktemp("storlab")))
     from provisioner.lab import image, network
-    from provisioner.lab.host import ensure_containers_conf
+    from provisioner.lab.host import ensure_containers_conf, host_lock
     from provisioner.lab.names import NETWORK
 
     os.environ["CONTAINERS_CONF"] = str(ensure_containers_conf())
     image.ensure_image(lambda _m: None)
-    network.ensure_network()
 
     def teardown() -> None:
         for name in (SERVER, CLIENT):  # only the containers this module created
@@ -70,9 +69,13 @@ def pair(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactor
 
     request.addfinalizer(teardown)
     common = ["run", "-d", "--systemd=always", f"--network={NETWORK}", "--label", "provisioner-storage-lab=1"]
-    _podman(*common, "--name", SERVER, "--hostname", SERVER, "--cap-add=DAC_READ_SEARCH",
-            "--tmpfs=/export/ganesha:rw,mode=0755", image.IMAGE, "/sbin/init")
-    _podman(*common, "--name", CLIENT, "--hostname", CLIENT, image.IMAGE, "/sbin/init")
+    # podman gives these two the network's next free addresses: under the host lock, as a lab's bring-up picks
+    # and takes its addresses, and no lab down removes the network between its creation and these joining it
+    with host_lock("storage lab test containers"):
+        network.ensure_network()
+        _podman(*common, "--name", SERVER, "--hostname", SERVER, "--cap-add=DAC_READ_SEARCH",
+                "--tmpfs=/export/ganesha:rw,mode=0755", image.IMAGE, "/sbin/init")
+        _podman(*common, "--name", CLIENT, "--hostname", CLIENT, image.IMAGE, "/sbin/init")
     for name in (SERVER, CLIENT):
         _exec(name, "systemctl is-system-running --wait || true", timeout=120)
     _exec(CLIENT, "apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libnfs-utils "

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 import yaml
-from _labspec import APT, APT_PINS, MPI_PACKAGES, mpi_trust  # type: ignore[import-not-found]
+from _labspec import APT, APT_PINS, MPI_PACKAGES, cluster_name, mpi_trust  # type: ignore[import-not-found]
 
 from provisioner.errors import LabError
 from provisioner.fabric.findings import Finding
@@ -57,7 +57,7 @@ pytestmark = [
     pytest.mark.skipif(os.geteuid() != 0 or shutil.which("podman") is None, reason="needs root and podman"),
 ]
 
-NAME = os.environ.get("PROVISIONER_LAB_TEST_CLUSTER", "verifyfaults")
+NAME = cluster_name("verifyfaults")
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lab" / "cluster.yaml"
 GPU_NODES = ("gpu01", "gpu02", "gpu03")
 SM_NODES = ("sm1", "sm2")
