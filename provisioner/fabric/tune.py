@@ -13,8 +13,8 @@ algorithm, the protocol and the InfiniBand transport, with values the documentat
 
 Each setting is one knob changed from the defaults, run ``repeats`` times next to the defaults' own runs. A setting
 is recommended only when its median beats the defaults' median by more than the run-to-run spread: the larger of
-the two ranges, and five standard errors of the pooled run-to-run noise (:func:`margin`); and only the best one:
-knobs interact, and a combination nobody measured is not recommended.
+the two ranges, five standard errors of the pooled run-to-run noise, and :data:`MIN_GAIN` (:func:`margin`); and
+only the best one: knobs interact, and a combination nobody measured is not recommended.
 Nothing changes on the nodes: the result is a table and the spec snippet (``software.nccl_env``) that the nccl role
 writes to /etc/nccl.conf on the next converge. Every rank runs with ``NCCL_DEBUG_SUBSYS`` including ENV, and the
 table says whether NCCL reported taking each setting ("NCCL_ALGO set by environment to Tree").
@@ -42,6 +42,12 @@ SIGNIFICANCE = 5.0
 """Standard errors a gain must exceed (see :func:`margin`): against the pooled noise of a sweep with 3 runs per
 setting, pure noise passes about once in a thousand comparisons (Student's t, 6+ degrees of freedom), while a 5 %
 gain on a fabric whose runs scatter by 1 % still shows."""
+MIN_GAIN = 0.025
+"""The least gain (a fraction of the defaults' median) ever recommended, however tight the runs: two or three runs
+per setting cannot estimate the noise (with normal noise, a 2-run pair's pooled estimate over a sweep of two
+settings, 2 degrees of freedom, comes out below a third of the true noise about one time in ten), and a
+recommendation changes every job on the cluster. 2.5 % is a policy, not a measured figure: above the lab's +-1 %
+jitter, whose largest possible lead is 2 %, so noise alone never passes it."""
 _TAKEN = re.compile(r"NCCL INFO (NCCL_[A-Z0-9_]+) set by environment to (.*?)\.?\s*$", re.M)
 
 
@@ -143,7 +149,8 @@ def margin(defaults: Setting, s: Setting, sd: float) -> float:
     can come out small by chance (the lab's +-1 % jitter once gave two runs 0.4 GB/s apart and a setting with no
     effect a 0.8 GB/s lead), and a recommendation changes every job on the cluster."""
     n_d, n_s = max(len(defaults.figures), 1), max(len(s.figures), 1)
-    return max(defaults.spread, s.spread, SIGNIFICANCE * sd * math.sqrt(1 / n_d + 1 / n_s))
+    floor = MIN_GAIN * (defaults.median or 0.0)
+    return max(defaults.spread, s.spread, SIGNIFICANCE * sd * math.sqrt(1 / n_d + 1 / n_s), floor)
 
 
 def recommend(settings: Sequence[Setting]) -> Setting | None:
