@@ -53,6 +53,10 @@ def network_args(links: Sequence[tuple[str, str]]) -> list[str]:
     if not links:
         return []
     args = ["--cap-add=NET_ADMIN"]  # the node's own systemd-networkd configures them, as on a real node
+    # P_Key children are macvlans on their parent's link here, where a real child's partition never reaches the
+    # parent: without these, the parent answered ARP for the child's address (Linux's default arp_ignore=0), a peer
+    # sent to the parent's MAC, and a ping bound to the child (the ipoib role's peer check) missed its reply.
+    args += ["--sysctl", "net.ipv4.conf.all.arp_ignore=1", "--sysctl", "net.ipv4.conf.all.arp_announce=2"]
     for net, ifname in links:
         if not re.fullmatch(r"[A-Za-z0-9_.:-]{1,15}", ifname):
             raise LabError(f"IPoIB interface name {ifname!r} cannot be given to a lab container")

@@ -38,6 +38,10 @@ def test_run_args_attach_the_ipoib_networks_and_keep_the_lab_address(tmp_path: P
     assert "--ip" not in args and "provisioner-lab:ip=10.213.38.11" in args
     assert "plab-lab-ib-rail0:interface_name=ibp23s0" in args and "--cap-add=NET_ADMIN" in args
     assert "plab-lab-ib-rail0-tenant-a:interface_name=ibp23s0.8001" in args
+    # a child shares its parent's link in the lab: only the interface holding an address answers ARP for it
+    assert {"net.ipv4.conf.all.arp_ignore=1", "net.ipv4.conf.all.arp_announce=2"} <= {
+        args[i + 1] for i, a in enumerate(args) if a == "--sysctl"}
+    assert "--sysctl" not in plain  # a node without IPoIB links keeps the defaults
     with pytest.raises(LabError):
         ipoib.network_args([("plab-lab-ib-x", "bad name;reboot")])
 
