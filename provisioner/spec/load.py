@@ -12,6 +12,7 @@ import difflib
 import re
 import types
 import typing
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path as FsPath
 from typing import Any
@@ -70,6 +71,12 @@ class _Report:
             severity: Severity = "error", key: bool = False) -> None:
         file, line, col = self.where(path, key=key)
         self.items.append(Diagnostic(file, line, col, rule, severity, message, hint))
+
+
+def did_you_mean(word: str, choices: Iterable[str], otherwise: str, cutoff: float = 0.6) -> str:
+    """The hint for a name that is not among ``choices``: the closest one (difflib) or ``otherwise``."""
+    close = difflib.get_close_matches(word, list(choices), n=1, cutoff=cutoff)
+    return f"did you mean '{close[0]}'?" if close else otherwise
 
 
 def _depth(located: Located | None, path: Path, key: bool) -> int:
@@ -167,9 +174,7 @@ def _schema_diagnostics(exc: ValidationError, rep: _Report, data: Any) -> None:
                 rep.add(path, "SPEC-SECRET-INLINE", f"secret '{key}' written in the spec at {where}",
                         "credentials come from a file or ansible-vault: credentials: {file: path}", key=True)
                 continue
-            close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-            hint = f"did you mean '{close[0]}'?" if close else (
-                f"known keys here: {', '.join(known)}" if known else "remove it")
+            hint = did_you_mean(key, known, f"known keys here: {', '.join(known)}" if known else "remove it")
             rep.add(path, "SPEC-UNKNOWN-KEY", f"unknown key '{key}'", hint, key=True)
         elif kind == "missing":
             parent = ".".join(str(p) for p in path[:-1]) or "the spec"
@@ -217,10 +222,9 @@ def _expand_profile(spec: Spec, pname: str, prof: Profile, fabric_rate: float, r
     ports = _profile_ports(spec, pname, prof, fabric_rate, rep)
     _check_profile_ports(pname, prof, ports, rep)
     if prof.gpu and prof.gpu.model not in GPU_MODELS:
-        close = difflib.get_close_matches(prof.gpu.model, list(GPU_MODELS), n=1, cutoff=0.5)
         rep.add(("profiles", pname, "gpu", "model"), "SPEC-GPU-MODEL",
                 f"unknown GPU model '{prof.gpu.model}'",
-                f"did you mean '{close[0]}'?" if close else f"known: {', '.join(GPU_MODELS)}")
+                did_you_mean(prof.gpu.model, GPU_MODELS, f"known: {', '.join(GPU_MODELS)}", cutoff=0.5))
     return ports
 
 
@@ -319,9 +323,8 @@ def _node_group_pairs(spec: Spec, group: NodeGroup, path: Path, rep: _Report) ->
                 "name and address ranges expand in step: make them the same length")
         return None
     if group.profile not in spec.profiles:
-        close = difflib.get_close_matches(group.profile, list(spec.profiles), n=1)
         rep.add((*path, "profile"), "SPEC-UNDEFINED-PROFILE", f"profile '{group.profile}' is not defined",
-                f"did you mean '{close[0]}'?" if close else "define it under profiles:")
+                did_you_mean(group.profile, spec.profiles, "define it under profiles:"))
         return None
     return list(zip(names, addrs, strict=True))
 
@@ -453,9 +456,8 @@ def _cable_entry(cab: Cable, path: Path, known: _Cabling, rep: _Report) -> tuple
                 "one switch port per node")
         return None
     if cab.switch not in known.switch_by_name:
-        close = difflib.get_close_matches(cab.switch, list(known.switch_by_name), n=1)
         rep.add((*path, "switch"), "SPEC-UNDEFINED-SWITCH", f"switch '{cab.switch}' is not defined",
-                f"did you mean '{close[0]}'?" if close else "define it under switches:")
+                did_you_mean(cab.switch, known.switch_by_name, "define it under switches:"))
         return None
     return list(cnodes), cports, known.switch_by_name[cab.switch]
 
@@ -579,9 +581,8 @@ def load_text(text: str, file: str, overlay: dict[str, Any] | Located | None = N
         addresses = dict(raw)
         for k in over.data:
             if k not in OVERLAY_KEYS:
-                close = difflib.get_close_matches(str(k), sorted(OVERLAY_KEYS), n=1, cutoff=0.6)
                 rep.add((k,), "SPEC-UNKNOWN-KEY", f"unknown key '{k}' in the overlay",
-                        f"did you mean '{close[0]}'?" if close else "an overlay holds spec keys and addresses:",
+                        did_you_mean(str(k), sorted(OVERLAY_KEYS), "an overlay holds spec keys and addresses:"),
                         key=True)
         rest = {k: v for k, v in over.data.items() if k != "addresses" and k in OVERLAY_KEYS}
         data = _deep_merge(data, rest)
@@ -638,9 +639,8 @@ def _check_overlay_addresses(cluster: Cluster, rep: _Report, addresses: dict[str
     for name, addr in addresses.items():
         path: Path = ("addresses", name)
         if name not in known:
-            close = difflib.get_close_matches(str(name), sorted(known), n=1)
             rep.add(path, "SPEC-UNDEFINED-NODE", f"the overlay gives an address for '{name}', not a node of the spec",
-                    f"did you mean '{close[0]}'?" if close else "list only the spec's nodes", key=True)
+                    did_you_mean(str(name), sorted(known), "list only the spec's nodes"), key=True)
         elif not isinstance(addr, str) or not _valid_ipv4(addr):
             rep.add(path, "SPEC-ADDRESS", f"'{addr}' is not an IPv4 address",
                     "write a dotted quad such as 10.0.0.11 (addresses reach SSH and the inventory)")
