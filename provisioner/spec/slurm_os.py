@@ -7,7 +7,9 @@ The OS's own Slurm (``slurm-wlm``), from the distributions' package pages:
     slurm-client_21.08.5-2ubuntu1"; packages.ubuntu.com/jammy/slurm-wlm);
   - Debian 12 (bookworm): 22.05.8-4+deb12u3 (packages.debian.org/bookworm/slurm-wlm; the lab's apt cache holds
     libslurm38_22.05.8-4+deb12u3);
-  - Ubuntu 24.04 (noble): 23.11.4 (packages.ubuntu.com/noble/slurm-wlm).
+  - Ubuntu 24.04 (noble): 23.11.4 as recalled, not confirmed from a public page here; it lies between lunar's
+    22.05.8-3 (23.04) and oracular's 24.05.2-1 (24.10), both from manpages.ubuntu.com "Provided by:" lines, so
+    it has cgroup/v2 whichever it is.
 cgroup v2 needs the cgroup/v2 plugin, new in Slurm 22.05 (slurm.schedmd.com/cgroup_v2.html; cgroup.conf(5)
 CgroupPlugin=<cgroup/v1|cgroup/v2|autodetect|disabled>); 21.08 has cgroup/v1 only, and every supported OS boots the
 unified (v2-only) hierarchy by default, so slurmd with proctrack/cgroup does not start there. The two ways out:
