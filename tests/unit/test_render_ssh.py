@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -88,7 +89,19 @@ def _openssh(site: Site, common_args: str, *extra: str) -> subprocess.CompletedP
     argv = ["ssh", "-F", "/dev/null", *ConnectionBase._split_ssh_args(common_args), *extra,
             "-o", "BatchMode=yes", "-i", str(site.client_file), "-p", str(site.node.port), "-l", "root", "127.0.0.1",
             "echo through-the-bastion"]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    return _run_ssh(argv)
+
+
+def _run_ssh(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """Run ssh and wait for it alone: its output goes to files, not pipes. The hop's own ssh (ProxyCommand, or
+    ProxyJump's child) inherits ssh's stderr and lives until the test bastion closes the forwarded channel, which
+    this stub may do only when the site stops; with pipes, communicate() waited for that too and a loaded CI run
+    hit the 60 s timeout with ssh long done (returncode 0, the node's output read)."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        rc = subprocess.run(argv, stdout=out, stderr=err, text=True, timeout=60, check=False).returncode
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(argv, rc, out.read(), err.read())
 
 
 def test_openssh_reaches_the_node_through_the_bastion(site: Site) -> None:
@@ -138,6 +151,6 @@ def test_openssh_proxyjump_would_not_carry_the_strict_options(site: Site, tmp_pa
     argv = ["ssh", "-F", str(config), "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={only_node}",
             "-o", f"ProxyJump=ops@127.0.0.1:{site.bastion.port}", "-p", str(site.node.port), "-l", "root",
             "127.0.0.1", "echo via-proxyjump"]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+    done = _run_ssh(argv)
     assert done.returncode == 0 and done.stdout == "via-proxyjump\n", done.stderr  # the bastion was not checked
     assert f"[127.0.0.1]:{site.bastion.port}" in learnt.read_text()  # its key was accepted and written
