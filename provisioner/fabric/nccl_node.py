@@ -49,8 +49,8 @@ TIMEOUT_S = 900.0
 """One node's sweep up to 8G takes a minute or two on 8 GPUs; PCIe GPUs are slower."""
 HOST_HINT = ("a host-side fault inside the node (NVLink, NVSwitch, fabric manager, or PCIe between its GPUs), not a "
              "cable: read `nvidia-smi nvlink -s` (links <inactive>), `nvidia-smi topo -m` and the NVSwitch fabric "
-             "state, then `dcgmi diag -r 2`; reseat or replace the GPU or baseboard as NVIDIA's GPU debug "
-             "guidelines say")
+             "state, then `dcgmi diag -r 2`; NVIDIA's GPU debug guidelines then decide between a GPU and a "
+             "baseboard replacement")
 
 
 def node_nodes(cluster: Cluster) -> list[Node]:
