@@ -2,8 +2,9 @@
 
 Each generated part sits between `<!-- BEGIN GENERATED name -->` and `<!-- END GENERATED name -->` in one of the
 files of :data:`DOCS`: the spec reference and the GPU catalog (from the pydantic models and the catalog), the
-design rules and the version compatibility table (from RULES and the compat facts), and the CLI reference (each
-command's `--help`, as `provision` prints it).
+design rules and the version compatibility table (from RULES and the compat facts), the CLI reference (each
+command's `--help`, as `provision` prints it) and the role reference (each role's ``meta/argument_specs.yml``, the
+contract ansible-core checks every role's variables against before the role runs).
 
     python -m provisioner.docs            rewrite the generated parts of every file in DOCS (from the repo root)
     python -m provisioner.docs --check    write nothing; exit 1 naming each file that is out of date
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import sys
 import types
@@ -189,18 +191,80 @@ def cli_reference() -> str:
     return "\n".join(lines)
 
 
+def _cell(text: object) -> str:
+    """One markdown table cell: a newline or a pipe in the text would break the row."""
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+def _yaml_value(value: object) -> str:
+    """A default as the role's YAML would write it (``true``, ``''``, ``[]``, ``{a: 1}``), on one line."""
+    if isinstance(value, str):
+        return _cell(value) if value else "''"
+    return _cell(json.dumps(value)).replace('"', "") if value is not None else "null"
+
+
+def _option_rows(options: dict[str, Any]) -> list[str]:
+    rows = ["| option | type | required / default | description |", "|---|---|---|---|"]
+    for name in sorted(options):
+        opt = options[name] or {}
+        kind = str(opt.get("type", "str"))
+        if kind == "list" and opt.get("elements"):
+            kind = f"list of {opt['elements']}"
+        if opt.get("required"):
+            need = "required"
+        elif "default" in opt:
+            need = f"`{_yaml_value(opt['default'])}`"
+        else:
+            need = ""
+        if opt.get("choices"):
+            need += (" · " if need else "") + "one of " + ", ".join(f"`{_cell(c)}`" for c in opt["choices"])
+        desc = opt.get("description", "")
+        desc = " ".join(desc) if isinstance(desc, list) else desc
+        rows.append(f"| `{name}` | {kind} | {need} | {_cell(desc)} |")
+    return rows
+
+
+def role_reference(roles: Path | None = None) -> str:
+    """One section per role of the collection: each entry point's short description, its description and its
+    options (type, required or default, choices, description), as the role's ``meta/argument_specs.yml`` declares
+    them: the same file ansible-core validates a role's variables against, so the page cannot promise an option the
+    role would refuse."""
+    import yaml  # here: only the docs build reads role metadata
+
+    from provisioner.collection import roles_dir
+
+    root = roles if roles is not None else roles_dir()
+    lines: list[str] = []
+    for spec_file in sorted(root.glob("*/meta/argument_specs.yml")):
+        role = spec_file.parent.parent.name
+        entries = (yaml.safe_load(spec_file.read_text(encoding="utf-8")) or {}).get("argument_specs") or {}
+        lines += [f"### `{role}`", ""]
+        for entry in sorted(entries, key=lambda e: (e != "main", e)):
+            spec = entries[entry] or {}
+            title = f"`{entry}`: " if entry != "main" else ""
+            lines += [f"{title}{_cell(spec.get('short_description', ''))}", ""]
+            desc = spec.get("description") or []
+            lines += [f"- {_cell(d)}" for d in (desc if isinstance(desc, list) else [desc])]
+            lines += [""] if desc else []
+            options = spec.get("options") or {}
+            lines += [*_option_rows(options), ""] if options else ["No options.", ""]
+    return "\n".join(lines)
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "spec-reference": spec_reference,
     "gpu-catalog": gpu_catalog,
     "rules": rules_reference,
     "compat": compat_reference,
     "cli": cli_reference,
+    "roles": role_reference,
 }
 
 DOCS: dict[str, tuple[str, ...]] = {
     "docs/spec-reference.md": ("gpu-catalog", "spec-reference"),
     "docs/rules.md": ("rules", "compat"),
     "docs/cli.md": ("cli",),
+    "docs/role-reference.md": ("roles",),
 }
 """Each generated file (relative to the repository root) and the sections it must carry."""
 

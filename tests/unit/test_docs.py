@@ -103,3 +103,46 @@ def _anchors(page: Path) -> set[str]:
     text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
     return {re.sub(r"[^\w\- ]", "", h.strip().lower()).replace(" ", "-")
             for h in re.findall(r"^#{1,6} (.+)$", text, re.M)}
+
+
+def test_role_reference_lists_every_role_and_each_option_as_its_argument_spec_declares(tmp_path: Path) -> None:
+    meta = tmp_path / "demo" / "meta"
+    meta.mkdir(parents=True)
+    (meta / "argument_specs.yml").write_text("""---
+argument_specs:
+  extra:
+    short_description: The other entry point.
+  main:
+    short_description: Demo role.
+    description:
+      - First line.
+    options:
+      demo_mode:
+        type: str
+        default: fast
+        choices: [fast, safe]
+        description: How | to run.
+      demo_hosts:
+        type: list
+        elements: str
+        required: true
+        description:
+          - Hosts to touch,
+          - one per line.
+      demo_flag:
+        type: bool
+        default: false
+""", encoding="utf-8")
+    text = docs.role_reference(tmp_path)
+    lines = text.splitlines()
+    assert lines[0] == "### `demo`" and lines.index("Demo role.") < lines.index("`extra`: The other entry point.")
+    # a pipe in a description stays inside its cell
+    assert "| `demo_mode` | str | `fast` · one of `fast`, `safe` | How \\| to run. |" in lines
+    assert "| `demo_hosts` | list of str | required | Hosts to touch, one per line. |" in lines
+    assert "| `demo_flag` | bool | `false` |  |" in lines
+    assert "No options." in lines  # the entry point without options says so
+
+    real = docs.role_reference()
+    roles = sorted(p.parent.parent.name for p in (ROOT / "roles").glob("*/meta/argument_specs.yml"))
+    assert roles and [ln.removeprefix("### `").removesuffix("`") for ln in real.splitlines()
+                      if ln.startswith("### ")] == roles
