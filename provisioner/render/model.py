@@ -157,6 +157,23 @@ def _repo_vars(cluster: Cluster, repo: Repo | None) -> dict[str, Any] | None:
             "suite": repo.suite or OS_CODENAMES[cluster.spec.cluster.os], "components": list(repo.components)}
 
 
+def _containers_vars(cluster: Cluster) -> dict[str, Any]:
+    """The containers role's pins and paths (software.containers) and its toolkit repository for vendor_repos;
+    nothing without it, so inventories of specs without containers stay as they were."""
+    ct = cluster.spec.software.containers
+    if ct is None:
+        return {}
+    return {
+        "vendor_repos_containers": _repo_vars(cluster, ct.repository),
+        "containers_toolkit_version": ct.toolkit,
+        "containers_enroot_version": ct.enroot,
+        "containers_enroot_mirror": ct.enroot_mirror,
+        "containers_pyxis_version": ct.pyxis,
+        "containers_pyxis_source": ct.pyxis_source,
+        "containers_scratch": ct.scratch,
+    }
+
+
 def _slurm_os_vars(cluster: Cluster) -> dict[str, Any]:
     """What the slurm role writes per OS and Slurm release (provisioner.spec.slurm_os), the topology.conf of
     `provision export slurm`, slurmdbd and NHC."""
@@ -368,6 +385,7 @@ def _all_vars(cluster: Cluster, inv: Inventory, partitions: list[dict[str, Any]]
         **hcafw.role_vars(spec.software.hca_firmware),
         "lustre_client_version": spec.software.lustre_client,
         "dcgm_version": spec.software.dcgm,
+        **_containers_vars(cluster),
         "lustre_client_built_against_ofed": ipoib_render.built_against_ofed(spec),
         "nfs_server_rdma_packages": ipoib_render.nfs_rdma_packages(spec),
         "nfs_client_rdma_packages": ipoib_render.nfs_rdma_packages(spec),

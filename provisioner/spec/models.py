@@ -210,6 +210,12 @@ class HcaFirmware(Strict):
         "GPUDirect); true/false are 1/0. Set only where they differ; takes effect after a reboot.")
 
 
+def _version_not_number(v: object) -> object:
+    if isinstance(v, float | int) and not isinstance(v, bool):
+        raise ValueError(f"write the version as a quoted string (\"{v}\"): YAML reads it as a number")
+    return v
+
+
 class Software(Strict):
     driver: Driver = Field(description="NVIDIA driver version and kernel module flavour.")
     cuda: Version = Field(description="CUDA toolkit version, e.g. \"12.4.1\" (quote it).")
@@ -229,13 +235,14 @@ class Software(Strict):
         "implies (NCCL_IB_HCA, ...): e.g. what `provision tune` measured and recommends.")
     hca_firmware: HcaFirmware | None = Field(None, description="HCA firmware (PSID -> version, image) and mlxconfig "
                                              "pins; unset: firmware is only reported.")
+    containers: Containers | None = Field(
+        None, description="Containers for Slurm jobs: nvidia-container-toolkit, enroot and pyxis on the GPU nodes of "
+        "the Slurm cluster (role containers, slurm phase); unset: none.")
 
     @field_validator("cuda", "nccl", "nccl_tests", "lustre_client", "dcgm", mode="before")
     @classmethod
     def _no_float_versions(cls, v: object) -> object:
-        if isinstance(v, float | int) and not isinstance(v, bool):
-            raise ValueError(f"write the version as a quoted string (\"{v}\"): YAML reads it as a number")
-        return v
+        return _version_not_number(v)
 
 
 class Repo(Strict):
@@ -252,6 +259,40 @@ class Repositories(Strict):
     cuda: Repo | None = Field(None, description="NVIDIA CUDA repository (driver, CUDA, NCCL, fabric manager).")
     doca: Repo | None = Field(None, description="DOCA-OFED/MLNX_OFED repository.")
     os: Repo | None = Field(None, description="Site mirror of the OS repositories, if any.")
+
+
+ContainerImage = Annotated[str, StringConstraints(pattern=r"^(/|[A-Za-z0-9])[A-Za-z0-9._/:@#+-]{0,254}$"), NodeSafe]
+"""What ``srun --container-image=`` takes: a registry reference in enroot's form (``nvcr.io#nvidia/pytorch:24.05-py3``)
+or the absolute path of a squashfs image on the nodes; one argv element, never a leading ``-``."""
+
+
+class Containers(Strict):
+    toolkit: Version = Field(description="nvidia-container-toolkit version (e.g. \"1.17.3\"), installed with "
+                             "nvidia-container-toolkit-base, libnvidia-container-tools (nvidia-container-cli, what "
+                             "enroot's 98-nvidia.sh hook runs) and libnvidia-container1 at \"<toolkit>-1\" from "
+                             "`repository`.")
+    repository: Repo = Field(description="Site mirror of NVIDIA's libnvidia-container apt repository "
+                             "(nvidia.github.io/libnvidia-container/stable/deb/amd64: a flat repository, suite "
+                             "\"/\" and components []).")
+    enroot: Version = Field(description="enroot version (e.g. \"3.5.0\"): enroot and enroot+caps \"<enroot>-1\", "
+                            "the .debs of NVIDIA/enroot's GitHub release.")
+    enroot_mirror: Url = Field(description="Directory of the site mirror holding those release .debs under their "
+                               "release names (enroot_<enroot>-1_amd64.deb, enroot+caps_<enroot>-1_amd64.deb).")
+    pyxis: Version = Field(description="pyxis version (e.g. \"0.20.0\"), built on every Slurm node against the "
+                           "installed Slurm's headers (a SPANK plugin must match the Slurm that loads it).")
+    pyxis_source: Url = Field(description="URL of pyxis's source tarball of that version in the site mirror (the "
+                              "GitHub archive of tag v<pyxis>, pyxis-<pyxis>/ inside).")
+    scratch: AbsPath = Field(description="Node-local NVMe/scratch directory for enroot's image cache and container "
+                             "root filesystems (ENROOT_CACHE_PATH, ENROOT_DATA_PATH under it); never shared storage.")
+    image: ContainerImage | None = Field(
+        None, description="Image verify runs the NCCL check in once more, through `srun --container-image` (pyxis, "
+        "enroot): a registry reference in enroot's form (nvcr.io#nvidia/pytorch:24.05-py3) or a squashfs path on "
+        "the nodes; it must hold nccl-tests. Unset: no container check.")
+
+    @field_validator("toolkit", "enroot", "pyxis", mode="before")
+    @classmethod
+    def _no_float_versions(cls, v: object) -> object:
+        return _version_not_number(v)
 
 
 class Reboot(Strict):

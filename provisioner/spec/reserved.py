@@ -56,7 +56,9 @@ OWNED_VARS = frozenset({
     "slurm_topology_conf", "slurm_accounting_host", "slurm_accounting_address", "vendor_repos_nhc", "slurm_nhc",
     "slurm_nhc_conf", "preflight_mok_key", "preflight_mok_cert", "host_tuning_ntp_servers",
     "doca_ofed_firmware_mirror", "doca_ofed_firmware_pins", "doca_ofed_mlxconfig_settings", "manifest_mlxconfig_keys",
-    "preflight_firmware_pins", "preflight_firmware_mirror",
+    "preflight_firmware_pins", "preflight_firmware_mirror", "vendor_repos_containers", "containers_toolkit_version",
+    "containers_enroot_version", "containers_enroot_mirror", "containers_pyxis_version", "containers_pyxis_source",
+    "containers_scratch",
 })
 
 

@@ -493,6 +493,32 @@ def _repos(c: Cluster, rep: Reporter, r: Rule) -> None:
                  "add repositories.doca: {url: ..., key: ...}")
 
 
+CONTAINER_PUBLIC_HOSTS = ("github.com", "codeload.github.com", "objects.githubusercontent.com", "nvidia.github.io")
+"""Where enroot's .debs, pyxis's tarball and the toolkit's apt repository are published: an offline site names its
+own mirror of them instead."""
+
+
+@rule("CONTAINERS", "error",
+      "pyxis is a Slurm SPANK plugin built against the Slurm it runs in, so containers need the slurm: section; an "
+      "air-gapped site must fetch enroot, pyxis and the toolkit from its own mirror, never from GitHub.")
+def _containers(c: Cluster, rep: Reporter, r: Rule) -> None:
+    ct = c.spec.software.containers
+    if ct is None:
+        return
+    if c.spec.slurm is None:
+        r.report(rep, ("software", "containers"), "software.containers without slurm: pyxis is a Slurm plugin",
+                 "add a slurm: section (controller, partitions) or leave software.containers out")
+    if not c.spec.repositories.offline:
+        return
+    for field, url in (("enroot_mirror", ct.enroot_mirror), ("pyxis_source", ct.pyxis_source),
+                       ("repository", ct.repository.url)):
+        host = url.split("://", 1)[1].split("/", 1)[0].split(":", 1)[0]
+        if host in CONTAINER_PUBLIC_HOSTS:
+            path = ("software", "containers", field, *(("url",) if field == "repository" else ()))
+            r.report(rep, path, f"offline but software.containers.{field} is the public {host}",
+                     "name the site mirror that holds a copy, or set repositories.offline: false")
+
+
 @rule("SECURE-BOOT-FILES", "error",
       "DKMS signs the kernel modules with secure_boot's key and preflight checks its certificate is enrolled: "
       "both files must exist on the control node, or the run stops at the first node.")
