@@ -48,6 +48,7 @@ from provisioner.fabric import (
     versions,
 )
 from provisioner.fabric.findings import CheckResult, Finding, Value
+from provisioner.fabric.nccl import NcclRunner
 from provisioner.fabric.nhc import export_nhc
 from provisioner.fabric.perftest import PairRun, PerftestSettings, run_pair
 from provisioner.fabric.sm import SmInfo, sminfo_result
@@ -408,10 +409,24 @@ class _Verifier:
         self.nccl_busbw = float(busbw) if isinstance(busbw, int | float) else None
         self.checks.append(reach.unless_lost(result, every, self.lost))
         self.checks += reach.skipped(nccl.CHECK, every, self.lost)
+        containers = self.cluster.spec.software.containers
+        if containers is not None and containers.image:
+            runner, has_tool = self._nccl_io()
+            self.checks.append(reach.unless_lost(nccl.check_nccl_container(
+                cluster, runner, containers.image, has_tool=has_tool, as_root=self.cluster.spec.ssh.user == "root",
+                partitions=self.partitions), every, self.lost))
 
     def run_nccl(self, cluster: Cluster, settings: Sequence[str] = (), follow_ups: bool = True,
                  seen: Callable[[str], None] | None = None) -> CheckResult:
         """One NCCL check over ``cluster`` (see :func:`nccl.check_nccl`); ``seen`` gets each run's output."""
+        runner, has_tool = self._nccl_io(seen)
+        return nccl.check_nccl(cluster, runner, has_tool=has_tool, as_root=self.cluster.spec.ssh.user == "root",
+                               launch=self.nccl_launch, partitions=self.partitions, settings=settings,
+                               follow_ups=follow_ups)
+
+    def _nccl_io(self, seen: Callable[[str], None] | None = None
+                 ) -> tuple[NcclRunner, Callable[[str, str], bool]]:
+        """How an NCCL run starts on its launcher host, and whether a launcher is there (asked once per host)."""
         def has_tool(host: str, tool: str) -> bool:
             if (host, tool) not in self._tools:
                 done = self.remote.run_many({host: ["sh", "-c", f"command -v {tool}"]}, timeout=PROBE_TIMEOUT_S)[host]
@@ -424,9 +439,7 @@ class _Verifier:
                 seen(done.stdout)
             return done
 
-        return nccl.check_nccl(cluster, runner, has_tool=has_tool, as_root=self.cluster.spec.ssh.user == "root",
-                               launch=self.nccl_launch, partitions=self.partitions, settings=settings,
-                               follow_ups=follow_ups)
+        return runner, has_tool
 
     def cabling(self) -> None:
         """Node cables and inter-switch links from one node's ``iblinkinfo``; switch port counters from the same."""

@@ -90,6 +90,14 @@ _SRUN_NO_ALLOCATION = re.compile(r"srun: error: (Unable to allocate resources: .
                                  r"|Invalid partition name specified.*)$", re.M)
 _SRUN_NODE_UNAVAILABLE = re.compile(r"^srun: (Required node not available \(down, drained or reserved\))$", re.M)
 _SRUN_NO_MPI = re.compile(r"^srun: error: (.*(?:mpi/pmix|Invalid MPI type).*)$", re.M)
+CONTAINER_CHECK = "nccl_container"
+# The container never ran the test: srun without pyxis does not know --container-image (srun's "unrecognized
+# option"), pyxis could not import or start the image, or the image has no all_reduce_perf (slurmstepd's execve()
+# error). pyxis's lines as in NVIDIA/pyxis issue 127 (tests/fixtures/nccl/pyxis_import_failed.txt).
+_CONTAINER_NOT_RUN = re.compile(
+    r"^(?:srun|slurmstepd(?:-\S+)?): (?:error: )?(unrecognized option '--container-image[^']*'"
+    r"|pyxis: (?:failed to import docker image|couldn't start container|container start failed.*)"
+    r"|execve\(\): all_reduce_perf: No such file or directory)$", re.M)
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,8 @@ class Launcher:
     kind: str  # "mpirun" | "srun"
     partition: str | None = None
     gres: bool = False
+    image: str | None = None
+    """srun only: run the ranks in this container image (pyxis's ``--container-image``)."""
 
     @property
     def tool(self) -> str:
@@ -121,6 +131,8 @@ def srun_argv(names: Sequence[str], gpus_per_node: int, max_bytes: str, launcher
         argv.append(f"--partition={launcher.partition}")
     if launcher.gres:
         argv.append(f"--gres=gpu:{gpus_per_node}")
+    if launcher.image:
+        argv.append(f"--container-image={launcher.image}")
     return [*argv, *perf_argv(max_bytes)]
 
 
@@ -129,6 +141,12 @@ def srun_not_started(done: Completed) -> str | None:
     text = f"{done.stderr}\n{done.stdout}"
     found = [m.group(1).strip() for m in _SRUN_NODE_UNAVAILABLE.finditer(text)]
     found += [m.group(1).strip() for m in _SRUN_NO_ALLOCATION.finditer(text)]
+    return "; ".join(dict.fromkeys(found)) or None
+
+
+def container_not_run(done: Completed) -> str | None:
+    """Why the container never ran all_reduce_perf (no pyxis, import or start failed, no test in the image)."""
+    found = [m.group(1).strip() for m in _CONTAINER_NOT_RUN.finditer(f"{done.stderr}\n{done.stdout}")]
     return "; ".join(dict.fromkeys(found)) or None
 
 
@@ -310,6 +328,28 @@ def check_nccl(cluster: Cluster, runner: NcclRunner, *, has_tool: Callable[[str,
     return CheckResult.from_findings(CHECK, None, findings, measurements)
 
 
+def check_nccl_container(cluster: Cluster, runner: NcclRunner, image: str, *, has_tool: Callable[[str, str], bool],
+                         as_root: bool, partitions: Mapping[str, str]) -> CheckResult:
+    """The NCCL check once more inside ``image`` (pyxis's ``srun --container-image``): one run over the largest
+    group of GPU compute nodes in one Slurm partition, no follow-ups, judged and reported like the plain run with
+    the image in its label. Could not run, never a fabric finding, when no partition holds two such nodes or the
+    container never ran the test (:func:`container_not_run`)."""
+    nodes = sorted((n for n in cluster.nodes_with_role("compute") if n.gpu_count), key=lambda n: n.name)
+    groups = [g for g in launch_groups(cluster, nodes, "srun", partitions) if g[2].partition and len(g[1]) >= 2]
+    if not groups:
+        return CheckResult.could_not_run(CONTAINER_CHECK, None, "no two GPU compute nodes serve in one Slurm "
+                                         "partition: pyxis starts containers only in srun's job steps")
+    label, group, launcher = max(groups, key=lambda g: len(g[1]))
+    label = f"in container {image}, {label}"
+    run = Run(runner, has_tool, as_root=as_root, follow_ups=False)
+    result = _launch_group(cluster, group, run, replace(launcher, image=image), label=label)
+    figures = {f"{k} {label}": result.measurements[k] for k in ("busbw_gbps", *EFFICIENCY_KEYS)
+               if k in result.measurements}
+    rest = {k: v for k, v in result.measurements.items() if k not in ("busbw_gbps", *EFFICIENCY_KEYS)}
+    return replace(result, name=CONTAINER_CHECK, measurements={**rest, **figures, "image": image},
+                   findings=tuple(replace(f, check=CONTAINER_CHECK) for f in result.findings))
+
+
 @dataclass(frozen=True)
 class Run:
     """How the all-reduces of one check start: the runner, the launcher probe, and what every rank gets."""
@@ -353,6 +393,28 @@ def _below_floor(label: str, names: Sequence[str], busbw: float, cfg: NcclCheck,
                    "slow node; with every link and pair healthy, `provision tune` looks for NCCL settings")
 
 
+def _srun_failed(whole: Completed, names: Sequence[str], launcher: Launcher) -> CheckResult | None:
+    """The result of an srun step that never ran the test (no nodes, no MPI plugin, no container); None when it
+    ran."""
+    if (why := srun_not_started(whole)) is not None:
+        return CheckResult.could_not_run(
+            CHECK, None, f"srun could not start the all-reduce on {hostlist.compress(names)} within "
+            f"{SRUN_WAIT_S} s: {why} (a node running jobs, drained or down; `provision verify "
+            "--nccl-launcher mpirun` tests over SSH instead, sharing the nodes with what runs there)")
+    if launcher.image and (why := container_not_run(whole)) is not None:
+        return CheckResult.could_not_run(
+            CHECK, None, f"the container {launcher.image} did not run all_reduce_perf on {hostlist.compress(names)}:"
+            f" {why} (pyxis and enroot on the nodes, the image and its nccl-tests: not the fabric)")
+    if (why := srun_without_mpi(whole)) is not None:
+        return CheckResult.from_findings(CHECK, None, [Finding(
+            CHECK, "error", None, None, None, "srun --mpi=pmix starts MPI ranks", why,
+            f"srun cannot start MPI ranks on {hostlist.compress(names)}: {why}",
+            "no MPI job starts under srun on these nodes: Debian's mpi/pmix plugin needs libpmix-dev "
+            "(slurm_pmix_packages) and slurmd restarted after it is installed")],
+            {"nodes": len(names), "busbw_gbps": None, "launcher": "srun"})
+    return None
+
+
 def _check_group(cluster: Cluster, nodes: Sequence[Node], run: Run, launcher: Launcher, *, label: str
                  ) -> CheckResult:
     cfg = cluster.spec.verify.nccl
@@ -378,19 +440,8 @@ def _check_group(cluster: Cluster, nodes: Sequence[Node], run: Run, launcher: La
         return read_busbw(done)
 
     whole = start(names)
-    if launcher.kind == "srun":
-        if (why := srun_not_started(whole)) is not None:
-            return CheckResult.could_not_run(
-                CHECK, None, f"srun could not start the all-reduce on {hostlist.compress(names)} within "
-                f"{SRUN_WAIT_S} s: {why} (a node running jobs, drained or down; `provision verify "
-                "--nccl-launcher mpirun` tests over SSH instead, sharing the nodes with what runs there)")
-        if (why := srun_without_mpi(whole)) is not None:
-            return CheckResult.from_findings(CHECK, None, [Finding(
-                CHECK, "error", None, None, None, "srun --mpi=pmix starts MPI ranks", why,
-                f"srun cannot start MPI ranks on {hostlist.compress(names)}: {why}",
-                "no MPI job starts under srun on these nodes: Debian's mpi/pmix plugin needs libpmix-dev "
-                "(slurm_pmix_packages) and slurmd restarted after it is installed")],
-                {"nodes": len(names), "busbw_gbps": None, "launcher": "srun"})
+    if launcher.kind == "srun" and (failed := _srun_failed(whole, names, launcher)) is not None:
+        return failed
     busbw, why = read_busbw(whole)
     nranks = observed_ranks(whole.stdout)
     want_ranks = len(names) * gpus

@@ -167,7 +167,7 @@ CHECKS: tuple[Check, ...] = (
     Check("gpudirect", "provisioner.fabric.gpudirect", ("gpudirect", "gpudirect_bandwidth"),
           "GPUDirect RDMA loaded, GPU–NIC affinity, ib_write_bw --use_cuda",
           _gpudirect_label, traffic=True, day2="pair"),
-    Check("nccl", "provisioner.fabric.nccl", ("nccl", "nccl_node"),
+    Check("nccl", "provisioner.fabric.nccl", ("nccl", "nccl_node", "nccl_container"),
           "all_reduce_perf in each GPU node (NVLink), then across the nodes",
           "nccl: all_reduce_perf in each GPU node with the network disabled (NVLink/NVSwitch), then across the "
           "compute nodes", traffic=True, day2="together"),

@@ -20,6 +20,7 @@ BandwidthMatrix = Mapping[int, Mapping[tuple[str, str], float]]
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 NCCL = "nccl"
 NCCL_NODE = "nccl_node"
+NCCL_CONTAINER = "nccl_container"
 MAX_NODE_LINES = 8
 """Up to this many GPU nodes, the terminal prints one single-node NCCL line per node; above, one line (lowest node,
 how many below their floor): every node stays in the JSON and HTML reports."""
@@ -78,7 +79,7 @@ class VerifyReport:
         the figure the spec's links allow, their ratio and the floor it was judged against, with sources."""
         out: list[dict[str, float | str | None]] = []
         for check in self.checks:
-            if check.name != NCCL or check.node is not None:
+            if check.name not in (NCCL, NCCL_CONTAINER) or check.node is not None:
                 continue
             m = check.measurements
             groups: list[str | None] = [k.removeprefix("busbw_gbps ") for k in m if k.startswith("busbw_gbps ")]

@@ -96,3 +96,30 @@ def test_slurm_not_answering_is_said_and_every_node_is_measured(tmp_path: Path) 
     said = [n for n in run.report.notes if n.startswith("could not ask Slurm which nodes run jobs")]
     assert said and "Unable to contact slurm controller" in said[0], run.report.notes
     assert any(p.startswith("slurm: could not ask Slurm") for p in progress)
+
+
+CONTAINERS = ('containers: {toolkit: "1.17.3", repository: {url: "http://m.example/nct", key: k.gpg, suite: /, '
+              'components: []}, enroot: "3.5.0", enroot_mirror: "http://m.example/enroot", pyxis: "0.20.0", '
+              'pyxis_source: "http://m.example/pyxis.tar.gz", scratch: /raid/enroot, image: "/images/nccl.sqsh"}')
+
+
+def test_with_a_container_image_nccl_runs_once_more_in_it_and_is_reported_apart(tmp_path: Path) -> None:
+    text = SLURM_SPEC.replace('ofed: {flavor: mlnx_ofed, version: "23.07"}}',
+                              'ofed: {flavor: mlnx_ofed, version: "23.07"}, ' + CONTAINERS + "}", 1)
+    assert text != SLURM_SPEC
+    res = load_text(text, "cluster.yaml")
+    assert res.cluster is not None, res
+    remote = SlurmRemote({})
+    run = verify(res.cluster, remote=remote, state_dir=tmp_path, server_grace_s=0)  # type: ignore[arg-type]
+    steps = [a for _, a, _ in remote.calls if a[0] == "env" and "srun" in a]
+    assert [any(x == "--container-image=/images/nccl.sqsh" for x in a) for a in steps] == [False, True], steps
+    (plain,) = [c for c in run.report.checks if c.name == "nccl" and c.node is None]
+    (inside,) = [c for c in run.report.checks if c.name == "nccl_container"]
+    # the fake answers both steps with its 16-rank capture for n1-n5: the same verdict, found the same way
+    assert [f.message for f in inside.findings] == [f.message for f in plain.findings] == [
+        "all_reduce_perf ran with 16 ranks, not 5 nodes x 4 GPUs = 20"]
+    assert {f.check for f in inside.findings} == {"nccl_container"}
+    assert inside.measurements["image"] == "/images/nccl.sqsh"
+    without = verify(cluster(), remote=SlurmRemote({}), state_dir=tmp_path,  # type: ignore[arg-type]
+                     server_grace_s=0)
+    assert not [c for c in without.report.checks if c.name == "nccl_container"]
