@@ -109,6 +109,7 @@ def _recipe_digest(recipes: Sequence[PackageRecipe]) -> str:
             "postinst": r.postinst,
             "prerm": r.prerm,
             "extra": sorted(r.extra.items()),
+            "release_dir": r.release_dir,
             "files": [(f.path, f.mode, hashlib.sha256(f.content).hexdigest()) for f in r.files],
         }
         h.update(json.dumps(meta, sort_keys=True).encode())
@@ -150,8 +151,9 @@ def _touch_tree(root: Path) -> None:
             os.utime(os.path.join(dirpath, name), (SOURCE_DATE_EPOCH, SOURCE_DATE_EPOCH), follow_symlinks=False)
 
 
-def build_deb(recipe: PackageRecipe, pool: Path, scratch: Path) -> Path:
-    """Build one .deb with dpkg-deb --root-owner-group; returns its path."""
+def build_deb(recipe: PackageRecipe, pool: Path, scratch: Path, *, flat: bool = False) -> Path:
+    """Build one .deb with dpkg-deb --root-owner-group into ``pool/<letter>/<name>/`` (``pool`` itself when
+    ``flat``); returns its path."""
     root = scratch / f"{recipe.name}_{recipe.version}"
     (root / "DEBIAN").mkdir(parents=True)
     size = 0
@@ -174,7 +176,7 @@ def build_deb(recipe: PackageRecipe, pool: Path, scratch: Path) -> Path:
         if directory.is_dir() and not directory.is_symlink():
             directory.chmod(0o755)
     _touch_tree(root)
-    out_dir = pool / recipe.name[0] / recipe.name
+    out_dir = pool if flat else pool / recipe.name[0] / recipe.name
     out_dir.mkdir(parents=True, exist_ok=True)
     deb = out_dir / f"{recipe.name}_{recipe.version.replace(':', '%3a')}_{ARCH}.deb"
     env = {**os.environ, "SOURCE_DATE_EPOCH": str(SOURCE_DATE_EPOCH)}
@@ -342,6 +344,9 @@ def _build(out: Path, recipes: Sequence[PackageRecipe], home: Path, say: Progres
             entries = []
             for recipe in recipes:
                 say(f"building {recipe.name} {recipe.version}")
+                if recipe.release_dir:  # a vendor's release file outside the apt index (enroot's .debs)
+                    build_deb(recipe, stage / recipe.release_dir, Path(tmp) / "roots", flat=True)
+                    continue
                 entries.append((recipe, build_deb(recipe, pool, Path(tmp) / "roots")))
             index = packages_index(entries, stage).encode()
             index_gz = gzip.compress(index, compresslevel=9, mtime=0)

@@ -65,9 +65,14 @@ def test_pyxis_is_rebuilt_when_pyxis_or_the_slurm_headers_change() -> None:
     base = render("0.20.0", '#define SLURM_VERSION_STRING "22.05.8"')
     assert base != render("0.20.0", '#define SLURM_VERSION_STRING "23.11.4"')
     assert base != render("0.21.0", '#define SLURM_VERSION_STRING "22.05.8"')
-    pyxis = _tasks("pyxis")
-    build = pyxis["Build and install pyxis when it is missing or was built from another pyxis or Slurm"]
+    source = _tasks("pyxis_source")
+    build = source["Build and install pyxis when it is missing or was built from another pyxis or Slurm"]
     assert "!= containers_pyxis_stamp" in build["when"]
+    pyxis = _tasks("pyxis")
+    assert pyxis["Build pyxis from source against this node's Slurm"]["when"] == (
+        "containers_pyxis_build_from_source | bool")
+    package = pyxis["Install the site-built pyxis package at the pin"]
+    assert package["ansible.builtin.apt"]["name"] == "{{ containers_pyxis_package }}={{ containers_pyxis_version }}-1"
     line = pyxis["Load pyxis in every srun, slurmd and slurmstepd (pyxis's README, plugstack.conf.d/pyxis.conf)"]
     assert line["ansible.builtin.copy"]["content"] == "required {{ containers_pyxis_plugin }}\n"
     assert line["notify"] == "Restart slurmd for pyxis"

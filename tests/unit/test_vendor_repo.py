@@ -208,3 +208,27 @@ def test_apt_reads_signed_by_format_from_the_name_so_armored_keys_need_dearmorin
     shutil.rmtree(tmp_path / "state")
     good = _apt(repo, tmp_path, dearmored, "apt-get", "update")
     assert good.returncode == 0 and "NO_PUBKEY" not in good.stderr, good.stdout + good.stderr
+
+
+def test_the_container_stack_is_there_only_when_asked_and_enroot_outside_the_index(tmp_path: Path) -> None:
+    """nvidia-container-toolkit and its companions and the site-built pyxis in the apt index; enroot's .debs as
+    its GitHub release publishes them, under their release names in a mirror directory and not in the index."""
+    assert not [r for r in recipes_for(PINNED) if "enroot" in r.name]
+    info = build_vendor_repo(tmp_path / "repo", replace(PINNED, containers=True))
+    index = (info.path / "dists/bookworm/main/binary-amd64/Packages").read_text()
+    names = {line.split(": ", 1)[1] for line in index.splitlines() if line.startswith("Package: ")}
+    assert {"nvidia-container-toolkit", "nvidia-container-toolkit-base", "libnvidia-container-tools",
+            "libnvidia-container1", "nvslurm-plugin-pyxis"} <= names
+    assert not {"enroot", "enroot+caps"} & names
+    release = info.path / "github/NVIDIA/enroot/v3.5.0"
+    assert sorted(p.name for p in release.iterdir()) == ["enroot+caps_3.5.0-1_amd64.deb", "enroot_3.5.0-1_amd64.deb"]
+    root = tmp_path / "enroot"
+    subprocess.run(["dpkg-deb", "-x", str(release / "enroot_3.5.0-1_amd64.deb"), str(root)], check=True)
+    hook = root / "etc/enroot/hooks.d/98-nvidia.sh"
+    assert hook.stat().st_mode & 0o111 and "nvidia-container-cli" in hook.read_text()
+    assert (root / "etc/enroot/enroot.conf.d/README").is_file() and (root / "usr/lib/enroot/runtime.sh").is_file()
+    done = subprocess.run([str(root / "usr/bin/enroot"), "version"], capture_output=True, text=True, check=False)
+    assert (done.returncode, done.stdout) == (0, "3.5.0\n")
+    caps = subprocess.run(["dpkg-deb", "--field", str(release / "enroot+caps_3.5.0-1_amd64.deb"), "Depends"],
+                          capture_output=True, text=True, check=True)
+    assert caps.stdout.strip() == "enroot (= 3.5.0-1)"

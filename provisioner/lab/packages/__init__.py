@@ -82,6 +82,12 @@ class VendorVersions:
     perftest_cuda: str = "25.10.0-0.128"
     dcgm: str = "3.3.9"
     """DCGM 3.x: ``datacenter-gpu-manager`` ``1:<dcgm>`` (:func:`dcgm_recipe`)."""
+    containers: bool = False
+    """Also the container stack (:func:`container_recipes`): nvidia-container-toolkit, enroot's release .debs and a
+    site-built pyxis package. Off by default: only the containers scenario needs them."""
+    container_toolkit: str = "1.17.3"
+    enroot: str = "3.5.0"
+    pyxis: str = "0.20.0"
 
     @property
     def driver_branch(self) -> str:
@@ -118,6 +124,9 @@ class PackageRecipe:
     postinst: str = ""
     prerm: str = ""
     extra: dict[str, str] = field(default_factory=dict)
+    release_dir: str = ""
+    """Not in the apt index: the .deb goes to this directory of the repository under its release file name, the
+    way a vendor publishes it outside any apt repository (enroot's GitHub release, mirrored by the site)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -749,5 +758,125 @@ def kernel_recipes(release: str) -> list[PackageRecipe]:
 def recipes_for(v: VendorVersions) -> list[PackageRecipe]:
     """Every stand-in package of one pinned software set."""
     kernel = kernel_recipes(os.uname().release) if v.kernel_packages else []
+    containers = container_recipes(v) if v.containers else []
     return [*driver_recipes(v), *cuda_recipes(v), *nccl_recipes(v), *mpi_recipes(), *ofed_recipes(v),
-            perftest_cuda_recipe(v), dcgm_recipe(v), *kernel]
+            perftest_cuda_recipe(v), dcgm_recipe(v), *kernel, *containers]
+
+
+ENROOT_RELEASE_DIR = "github/NVIDIA/enroot"
+"""Where the lab's repository holds enroot's release .debs: the site mirror directory the containers role fetches
+``<dir>/v<enroot>/enroot_<enroot>-1_amd64.deb`` from."""
+MULTIARCH_LIB = "/usr/lib/x86_64-linux-gnu"
+
+
+def _stand_in_tool(path: str, what: str, body: str) -> FileEntry:
+    """An executable stand-in script: a header naming what it stands in for, then its few lines."""
+    return _text(path, f"#!/bin/sh\n# provisioner lab stand-in for {what}\n{body}", 0o755)
+
+
+def container_toolkit_recipes(v: VendorVersions) -> list[PackageRecipe]:
+    """nvidia-container-toolkit ``<release>-1`` and its three companions, one release (NVIDIA's apt repository
+    nvidia.github.io/libnvidia-container). Layout: NVIDIA/nvidia-container-toolkit packaging/debian/
+    nvidia-container-toolkit{,-base}.install (the runtime hook and config.toml; nvidia-ctk, nvidia-container-runtime,
+    nvidia-cdi-hook), NVIDIA/libnvidia-container pkg/deb (nvidia-container-cli; libnvidia-container.so.<major> and
+    -go in /usr/lib/<multiarch>). ``nvidia-container-cli --version`` answers with the release, the rest says it is
+    not simulated (there is no GPU to give a container)."""
+    ver = f"{v.container_toolkit}-1"
+    cli = _stand_in_tool("/usr/bin/nvidia-container-cli", f"nvidia-container-cli {v.container_toolkit}", (
+        "case \"$1\" in\n"
+        f"    --version|-V) printf 'cli-version: %s\\nlib-version: %s\\n' {v.container_toolkit} "
+        f"{v.container_toolkit} ;;\n"
+        "    *) echo \"nvidia-container-cli: lab stand-in: $1 is not simulated\" >&2; exit 1 ;;\nesac\n"))
+    lib, lib_link = _library(MULTIARCH_LIB, "libnvidia-container.so.1", v.container_toolkit, "libnvidia-container")
+    go, go_link = _library(MULTIARCH_LIB, "libnvidia-container-go.so.1", v.container_toolkit, "libnvidia-container-go")
+    unsimulated = "echo \"$0: lab stand-in: not simulated\" >&2\nexit 1\n"
+    return [
+        PackageRecipe("libnvidia-container1", ver, "NVIDIA container runtime library, lab stand-in", "libs",
+                      files=(lib, go), links=(lib_link, go_link)),
+        PackageRecipe("libnvidia-container-tools", ver, "NVIDIA container runtime library (command-line tools), "
+                      "lab stand-in", "utils", depends=(f"libnvidia-container1 (= {ver})",), files=(cli,)),
+        PackageRecipe("nvidia-container-toolkit-base", ver, "NVIDIA Container Toolkit Base, lab stand-in", "utils",
+                      files=tuple(_stand_in_tool(f"/usr/bin/{t}", t, unsimulated)
+                                  for t in ("nvidia-ctk", "nvidia-container-runtime", "nvidia-cdi-hook"))),
+        PackageRecipe("nvidia-container-toolkit", ver, "NVIDIA Container toolkit, lab stand-in", "utils",
+                      depends=(f"nvidia-container-toolkit-base (= {ver})", f"libnvidia-container-tools (>= {ver})"),
+                      files=(_stand_in_tool("/usr/bin/nvidia-container-runtime-hook", "nvidia-container-runtime-hook",
+                                            unsimulated),
+                             _text("/etc/nvidia-container-runtime/config.toml",
+                                   "# provisioner lab stand-in for the toolkit's config.toml\n"))),
+    ]
+
+
+ENROOT_HOOKS = ("10-aptfix.sh", "10-cgroups.sh", "10-devices.sh", "10-home.sh", "10-localtime.sh", "10-shadow.sh",
+                "98-nvidia.sh", "99-mellanox.sh")
+ENROOT_EXTRA_HOOKS = ("50-slurm-pmi.sh", "50-slurm-pytorch.sh", "50-mig-config.sh", "50-sharp.sh")
+ENROOT_HELPERS = ("enroot-aufs2ovlfs", "enroot-mksquashovlfs", "enroot-mount", "enroot-switchroot", "enroot-nsenter",
+                  "enroot-makeself")
+NVIDIA_HOOK = (
+    "# The real hook gives the container the GPUs of NVIDIA_VISIBLE_DEVICES through `nvidia-container-cli --user\n"
+    "# configure ... $ENROOT_ROOTFS`; the stand-in checks the same command is there and asks it its version.\n"
+    "if [ \"${NVIDIA_VISIBLE_DEVICES:-void}\" = void ]; then exit 0; fi\n"
+    "if ! command -v nvidia-container-cli > /dev/null; then\n"
+    "    echo \"[ERROR] Command not found: nvidia-container-cli, see \"\\\n"
+    "\"https://github.com/NVIDIA/libnvidia-container\" >&2\n"
+    "    exit 1\nfi\nexec nvidia-container-cli --version\n")
+
+
+def enroot_recipes(v: VendorVersions) -> list[PackageRecipe]:
+    """enroot and enroot+caps ``<enroot>-1``, the .debs of NVIDIA/enroot's GitHub release (outside the apt index, in
+    :data:`ENROOT_RELEASE_DIR`). Layout: its Makefile's install target with pkg/deb/rules' ``prefix=
+    exec_prefix=/usr datarootdir=/usr/share`` (/usr/bin/enroot and its helpers, /usr/lib/enroot/*.sh,
+    /etc/enroot/{enroot.conf,enroot.conf.d,hooks.d,mounts.d,environ.d}, /usr/share/enroot/{hooks.d,mounts.d},
+    the AppArmor profile in /etc/apparmor.d/enroot). ``enroot version`` prints the release as the real one
+    (``enroot::version``); other commands are not simulated. The real enroot+caps postinst setcaps two helpers;
+    the stand-in's placeholders get no capabilities. The real package's Depends (curl, jq, parallel,
+    squashfs-tools, zstd, ...) are left out: the lab node is offline and runs no image."""
+    ver = f"{v.enroot}-1"
+    release = f"{ENROOT_RELEASE_DIR}/v{v.enroot}"
+    enroot = _text("/usr/bin/enroot", (
+        f"#!/bin/bash\n# provisioner lab stand-in for enroot {v.enroot}\nENROOT_VERSION=\"{v.enroot}\"\n"
+        "case \"${1-}\" in\n    version) printf \"%s\\n\" \"${ENROOT_VERSION}\" ;;\n"
+        "    *) echo \"enroot: lab stand-in: '${1-}' is not simulated\" >&2; exit 1 ;;\nesac\n"), 0o755)
+    hooks = [_stand_in_tool(f"/etc/enroot/hooks.d/{h}", f"enroot's {h} hook",
+                            NVIDIA_HOOK if h == "98-nvidia.sh" else "exit 0\n") for h in ENROOT_HOOKS]
+    files = (
+        enroot,
+        *(_stand_in_tool(f"/usr/bin/{h}", h, "echo \"$0: lab stand-in: not simulated\" >&2\nexit 1\n")
+          for h in ENROOT_HELPERS),
+        *(_placeholder(f"/usr/lib/enroot/{src}", f"enroot's {src}")
+          for src in ("common.sh", "bundle.sh", "docker.sh", "runtime.sh")),
+        _text("/etc/enroot/enroot.conf", "# provisioner lab stand-in for enroot.conf (every setting commented, as "
+              "the real one)\n#ENROOT_RUNTIME_PATH        ${XDG_RUNTIME_DIR}/enroot\n"),
+        _placeholder("/etc/enroot/enroot.conf.d/README", "enroot.conf.d/README (drop-ins: *.conf)"),
+        _placeholder("/etc/enroot/environ.d/10-terminal.env", "enroot's 10-terminal.env"),
+        *(_placeholder(f"/etc/enroot/mounts.d/{m}", f"enroot's {m}") for m in ("10-system.fstab", "20-config.fstab")),
+        *hooks,
+        *(_stand_in_tool(f"/usr/share/enroot/hooks.d/{h}", f"enroot's {h} hook", "exit 0\n")
+          for h in ENROOT_EXTRA_HOOKS),
+        _placeholder("/usr/share/enroot/mounts.d/30-lxcfs.fstab", "enroot's 30-lxcfs.fstab"),
+        _placeholder("/usr/share/enroot/bash_completion", "enroot's bash completion"),
+        _placeholder("/etc/apparmor.d/enroot", "enroot's AppArmor profile"),
+    )
+    return [
+        PackageRecipe("enroot", ver, "Unprivileged container sandboxing utility, lab stand-in", "utils",
+                      files=files, release_dir=release),
+        PackageRecipe("enroot+caps", ver, "Unprivileged container sandboxing utility (extra capabilities), lab "
+                      "stand-in", "utils", depends=(f"enroot (= {ver})",), release_dir=release),
+    ]
+
+
+def pyxis_recipe(v: VendorVersions) -> PackageRecipe:
+    """``nvslurm-plugin-pyxis`` ``<pyxis>-1``, the package pyxis's own ``make deb`` builds (NVIDIA/pyxis
+    debian/control: Depends enroot; debian/rules: ``libdir=/usr/lib/$(DEB_HOST_MULTIARCH) datarootdir=/usr/share``):
+    the plugin (a placeholder: the lab has no Slurm to load it) and share/pyxis/pyxis.conf with its plugstack line."""
+    plugin = f"{MULTIARCH_LIB}/slurm/spank_pyxis.so"
+    return PackageRecipe(
+        "nvslurm-plugin-pyxis", f"{v.pyxis}-1", "Slurm plugin for launching containerized tasks, lab stand-in",
+        "admin", depends=("enroot (>= 1.1.0)",),
+        files=(_placeholder(plugin, f"pyxis {v.pyxis}'s SPANK plugin"),
+               _text("/usr/share/pyxis/pyxis.conf", f"required {plugin}\n")))
+
+
+def container_recipes(v: VendorVersions) -> list[PackageRecipe]:
+    """The container stack of one set: the toolkit, enroot's release .debs and the site-built pyxis package."""
+    return [*container_toolkit_recipes(v), *enroot_recipes(v), pyxis_recipe(v)]
