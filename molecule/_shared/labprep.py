@@ -107,8 +107,9 @@ def parse_plan(data: Any, where: str = "lab.yml") -> LabPlan:
         if not isinstance(raw, dict):
             raise LabError(f"{where}: versions[{i}] must be a mapping")
         _check_keys(raw, VendorVersions, f"{where}: versions[{i}]")
-        # YAML reads 550.90 as a float: versions are strings (fabric_manager stays a bool).
-        values: dict[str, Any] = {k: v if k == "fabric_manager" else str(v) for k, v in raw.items()}
+        # YAML reads 550.90 as a float: versions are strings (the switches, fabric_manager, kernel_packages and
+        # containers, stay booleans).
+        values: dict[str, Any] = {k: v if isinstance(v, bool) else str(v) for k, v in raw.items()}
         versions.append(VendorVersions(**values))
     hosts = [n.hostname for n in nodes]
     if len(set(hosts)) != len(hosts):

@@ -118,6 +118,15 @@ def test_parse_plan_keeps_versions_as_strings() -> None:
     assert plan.versions[0].driver == "550.90.07"
 
 
+
+def test_parse_plan_keeps_switches_as_booleans() -> None:
+    """kernel_packages and containers switch recipe sets on: "False" as a string would switch them on too."""
+    plan = labprep.parse_plan({"cluster": "c", "nodes": [{"hostname": "n1"}],
+                               "versions": [{"kernel_packages": False, "containers": True, "enroot": 3.5}]})
+    assert plan.versions[0].kernel_packages is False and plan.versions[0].containers is True
+    assert plan.versions[0].enroot == "3.5"
+
+
 def test_prepare_writes_hardware_and_a_signed_repo(tmp_path: Path) -> None:
     plan = labprep.parse_plan({"cluster": "c", "nodes": [
         {"hostname": "n1", "gpu_count": 1, "hcas": [{"device": "mlx5_0"}]}]})
