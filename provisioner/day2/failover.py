@@ -47,6 +47,7 @@ from provisioner.report import VerifyReport
 from provisioner.slurm.ctl import SlurmCtl
 from provisioner.slurm.membership import Membership, current, load_swaps, record_swap
 from provisioner.spec.cluster import Cluster
+from provisioner.spec.diagnostics import Diagnostic
 from provisioner.state import day2_lock, state_dir_for, utcnow, write_json_atomic
 
 FAILOVER_DIR = "failover"
@@ -167,6 +168,7 @@ class Failover:
     persist: bool = True
     verify_remote: Remote | None = None
     command: str = "provision failover"          # names the day-2 lock's holder (with the node)
+    warnings: list[Diagnostic] = field(default_factory=list)  # the spec's, loaded once with `cluster`
 
     def run(self, node: str, reason: str, timeline: Timeline | None = None,
             unhealthy: set[str] | None = None) -> FailoverResult:
@@ -217,7 +219,8 @@ class Failover:
         if self.persist:
             self.progress("persist: slurm.conf with the swap on every Slurm node")
             run = self.converge(self.spec, RunOptions(only=["slurm"], overlay=self.overlay),
-                                state_dir=self.state_dir, reporter=self.reporter)
+                                state_dir=self.state_dir, reporter=self.reporter,
+                                loaded=(self.cluster, self.warnings))  # this model, not a re-read spec
             result.persisted = str(run.status)
             tl.mark("persisted" if run.status == "passed" else f"persist {run.status}")
         self._save(result)
@@ -312,7 +315,7 @@ def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | 
     from provisioner.remote import SshRemote, targets_from_cluster
     from provisioner.spec import load_cluster
 
-    cluster, _ = load_cluster(spec, overlay)
+    cluster, warnings = load_cluster(spec, overlay)
     if cluster.spec.slurm is None:
         raise UsageError("the spec has no slurm section: failover puts a spare into a Slurm partition")
     sdir = state_dir_for(cluster.name, state_dir)
@@ -321,7 +324,7 @@ def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | 
     return Failover(spec, cluster, sdir, SlurmCtl(remote, cluster.spec.slurm.controller), remote,
                     overlay=str(overlay) if overlay else None, peers=peers, progress=progress,
                     reporter=reporter or NullReporter(), persist=persist,
-                    verify_remote=remote if remote_factory else None, command=command)
+                    verify_remote=remote if remote_factory else None, command=command, warnings=warnings)
 
 
 def names_of(nodes: Sequence[str]) -> str:

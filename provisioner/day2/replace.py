@@ -53,6 +53,7 @@ from provisioner.remote import Remote, SshRemote, SshTarget, targets_from_cluste
 from provisioner.report import VerifyReport
 from provisioner.safetext import printable
 from provisioner.spec.cluster import Cluster
+from provisioner.spec.diagnostics import Diagnostic
 from provisioner.state import (
     DAY2_WAIT_S,
     HardwareChange,
@@ -311,21 +312,23 @@ def replace_node(
     from provisioner.spec import load_cluster
 
     expected = check_fingerprint(host_key_fingerprint)
-    cluster, _ = load_cluster(spec, overlay)
+    cluster, warnings = load_cluster(spec, overlay)
     names = [n.name for n in cluster.nodes]
     if node not in names:
         raise UsageError(f"{node} is not a node of {spec}", hint="one of " + ", ".join(names))
     sdir = state_dir_for(cluster.name, state_dir)
     with run_lock(sdir, command=f"provision replace-node {node}"):  # its runs take the same lock (re-entrant)
         return _replace_node(spec, node, cluster, sdir, overlay=overlay, accept_new_host_key=accept_new_host_key,
-                             expected=expected, peers=peers, progress=progress, reporter=reporter, run=run,
+                             warnings=warnings, expected=expected, peers=peers, progress=progress,
+                             reporter=reporter, run=run,
                              remote_factory=remote_factory, verifier=verifier)
 
 
 def _replace_node(
     spec: Path, node: str, cluster: Cluster, sdir: Path, *, overlay: Path | None, accept_new_host_key: bool,
-    expected: str | None, peers: int, progress: Progress, reporter: Reporter | None, run: Callable[..., RunJournal],
-    remote_factory: Callable[[Mapping[str, SshTarget]], Remote] | None, verifier: Callable[..., VerifyReport],
+    warnings: list[Diagnostic], expected: str | None, peers: int, progress: Progress, reporter: Reporter | None,
+    run: Callable[..., RunJournal], remote_factory: Callable[[Mapping[str, SshTarget]], Remote] | None,
+    verifier: Callable[..., VerifyReport],
 ) -> ReplaceResult:
     targets = targets_from_cluster(cluster)
     result = ReplaceResult(node)
@@ -376,7 +379,7 @@ def _replace_node(
     for phases, hosts, tags in plan:
         label = ",".join(hosts)
         journal = run(spec, RunOptions(only=list(phases), limit=label, overlay=ov, tags=tags), state_dir=sdir,
-                      reporter=capture)
+                      reporter=capture, loaded=(cluster, warnings))  # the model loaded once
         _record_phases(result, journal, label)
         if journal.status != "passed":
             why = journal.stop_reason or "; ".join(

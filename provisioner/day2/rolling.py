@@ -45,6 +45,7 @@ from provisioner.report import VerifyReport
 from provisioner.slurm.ctl import SlurmCtl, reason_text
 from provisioner.spec import hostlist
 from provisioner.spec.cluster import Cluster
+from provisioner.spec.diagnostics import Diagnostic
 from provisioner.state import DAY2_WAIT_S, day2_lock, new_run_id, state_dir_for, utcnow, write_json_atomic
 
 ROLLING_DIR = "rolling"
@@ -168,6 +169,7 @@ class Rolling:
     remote: Remote | None = None
     unhealthy: set[str] = field(default_factory=set)
     day2_wait_s: float = DAY2_WAIT_S
+    warnings: list[Diagnostic] = field(default_factory=list)  # the spec's, loaded once with `cluster`
 
     def _save(self) -> None:
         save(self.state_dir, self.journal)
@@ -266,7 +268,8 @@ class Rolling:
                      "provisioner_reboot_serial": max(1, len(b.nodes))}
         opts = RunOptions(only=list(b.phases), limit=hostlist.compress(b.nodes), overlay=self.overlay,
                           extravars=extravars)
-        run = self.converge(self.spec, opts, state_dir=self.state_dir, reporter=self.reporter)
+        run = self.converge(self.spec, opts, state_dir=self.state_dir, reporter=self.reporter,
+                            loaded=(self.cluster, self.warnings))  # the planned model, not a re-read spec
         b.runs.append(run.run_id)
         if run.status != "passed":
             why = run.stop_reason or "; ".join(f"{h}: {sa.get('state')} in {sa.get('phase')}: {sa.get('reason')}"
@@ -333,7 +336,7 @@ def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | No
     from provisioner.slurm.membership import current
     from provisioner.spec import load_cluster
 
-    cluster, _ = load_cluster(spec, overlay)
+    cluster, warnings = load_cluster(spec, overlay)
     sdir = state_dir_for(cluster.name, state_dir)
     sdir.mkdir(parents=True, exist_ok=True)
     remote = (remote_factory or SshRemote)(targets_from_cluster(cluster))
@@ -362,7 +365,7 @@ def rolling_run(spec: Path, *, overlay: Path | None = None, state_dir: Path | No
         engine = Rolling(spec, cluster, sdir, journal, ctl, overlay=str(overlay) if overlay else None,
                          max_wait_s=max_wait_s, peers=peers, progress=progress,
                          reporter=reporter or NullReporter(), converge=converge, verifier=verifier,
-                         remote=remote if remote_factory else None, unhealthy=unhealthy)
+                         remote=remote if remote_factory else None, unhealthy=unhealthy, warnings=warnings)
         return engine.run()
     finally:
         close = getattr(remote, "close", None)
