@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -20,11 +20,8 @@ from provisioner.errors import ProvisionerError, SpecInvalid
 from provisioner.fabric import registry as check_registry
 from provisioner.interrupt import Interrupted
 from provisioner.safetext import escaped, printable
-from provisioner.spec import Cluster, Diagnostic, load_cluster, load_spec, load_text
+from provisioner.spec import Diagnostic, load_cluster, load_spec, load_text
 from provisioner.state import state_dir_for
-
-if TYPE_CHECKING:
-    from provisioner.phases import RunOptions
 
 EPILOG = """\b
 Examples:
@@ -158,49 +155,6 @@ def parse_cmd(
     out.print_json(json.dumps(parse(tool, text), sort_keys=True))
 
 
-def _verify_steps(loaded: Cluster, out_dir: Path | None) -> dict[str, Any]:
-    """The verify and report phases of a run, as Python steps of the run engine (on the run's loaded spec)."""
-    from provisioner.phases import CRITICAL_ROLES, StepContext, StepOutcome
-    from provisioner.report.model import nccl_lines
-    from provisioner.state import record_hardware
-    from provisioner.verify import verify
-
-    last: dict[str, Any] = {}
-
-    def verify_step(ctx: StepContext) -> StepOutcome:
-        # only the hosts this phase runs on (set-aside ones would cost an SSH timeout per probe and their
-        # findings are dropped anyway), plus the SM/NFS server nodes the fabric and storage checks need
-        keep = set(ctx.hosts) | {n.name for n in loaded.nodes if set(n.roles) & set(CRITICAL_ROLES)}
-        cluster = loaded.subset([n.name for n in loaded.nodes if n.name in keep])
-        run = verify(cluster, state_dir=out_dir, progress=_progress("verify"))
-        last["run"] = run
-        for node, guids in run.inventory.items():
-            if node in ctx.hosts:
-                record_hardware(ctx.state_dir, node, guids=dict(guids))
-        failed: dict[str, str] = {}
-        for f in run.report.findings():
-            if f.severity == "error" and f.node in ctx.hosts and f.node not in failed:
-                failed[f.node] = f.message
-        if run.exit_code == 1 and not failed:
-            return StepOutcome(status="error", note="fabric findings not tied to one node; see the report")
-        if run.exit_code == 2 and not failed:
-            return StepOutcome(status="error", note="verification could not run; see the report")
-        return StepOutcome(failed=failed, note=f"{run.report.verdict.label}: {run.directory}")
-
-    def report_step(ctx: StepContext) -> StepOutcome:
-        run = last.get("run")
-        if run is None:
-            return StepOutcome(status="not_built", note="no verification in this run to report on")
-        for f in run.report.findings():
-            err.print(f"{f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}",
-                      markup=False)
-        for line in nccl_lines(run.report):
-            err.print(line, markup=False)
-        return StepOutcome(note=f"reports: {run.directory}")
-
-    return {"verify": verify_step, "report": report_step}
-
-
 @app.command("up")
 def up(
     spec: SpecArg,
@@ -251,6 +205,7 @@ def up(
         from provisioner.errors import UsageError
 
         raise UsageError("--batch goes with --rolling")
+    from provisioner import run
     from provisioner.phases import RunOptions
 
     opts = RunOptions(only=[p for item in only or [] for p in item.split(",") if p], from_phase=from_phase,
@@ -258,44 +213,7 @@ def up(
                       tags=[t for item in tags or [] for t in item.split(",") if t],
                       forks=forks, max_fail=max_fail, resume=resume, overlay=str(overlay) if overlay else None,
                       secret_files=list(secrets or []), vault_password_file=vault_password_file)
-    raise typer.Exit(_run_up(spec, opts, out_dir, as_json))
-
-
-def _run_up(spec: Path, opts: RunOptions, out_dir: Path | None, as_json: bool) -> int:
-    """`up` after its options: the secrets files checked, the run with the live view or the JSON stream, the
-    summary and this run's drift; the exit code (an interrupted run ends the command here with its own)."""
-    from provisioner.phases import load_run_spec, provision_run, summary_lines
-    from provisioner.progress import JsonReporter, LiveReporter
-    from provisioner.runner import read_secret_file
-    from provisioner.userfile import read_user_bytes
-
-    for secrets_file in opts.secret_files:  # a pipe, a huge or broken file is refused before a journal opens
-        read_secret_file(secrets_file)
-    if opts.vault_password_file is not None:  # ansible-playbook would wait on a pipe for ever
-        read_user_bytes(opts.vault_password_file, "a vault password file")
-    live = LiveReporter(err)  # drawn only without --json; what it printed is left out of the summary
-    try:
-        loaded = load_run_spec(spec, opts)  # once: the engine, verify and the drift check share the model
-        steps = _verify_steps(loaded[0], out_dir)
-        hook = _drift_hook(loaded[0])
-        if as_json:
-            journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=JsonReporter(sys.stdout),
-                                    after_converge=hook, loaded=loaded)
-        else:
-            with live as rep:
-                journal = provision_run(spec, opts, state_dir=out_dir, steps=steps, reporter=rep,
-                                        after_converge=hook, loaded=loaded)
-    except Interrupted as exc:
-        if exc.journal is not None and not as_json:
-            for line in summary_lines(exc.journal, printed=live.printed):
-                err.print(line, markup=False)
-        err.print(f"provision: {exc}; the journal is closed: `--resume` continues", markup=False)
-        raise typer.Exit(exc.exit_code) from None
-    if not as_json:
-        for line in summary_lines(journal, printed=live.printed):  # each phase line once: live, or here
-            err.print(line, markup=False)
-        _print_run_drift(loaded[0], out_dir, journal.run_id)
-    return {"passed": 0, "partial": 1, "stopped": 1}.get(journal.status, 2)
+    raise typer.Exit(run.up(spec, opts, out_dir, as_json=as_json, err=err, progress=_progress("verify")))
 
 
 def _rolling(spec: Path, overlay: Path | None, out_dir: Path | None, batch: str | None, max_wait: float,
@@ -357,27 +275,6 @@ def plan_cmd(
         for line in summary_lines(plan):
             out.print(line, markup=False)
     raise typer.Exit(1 if plan.batches else 0)
-
-
-def _drift_hook(cluster: Cluster) -> Any:
-    """The run engine's after-converge hook: fetch every converged node's manifest, compare, store."""
-    from provisioner.drift import check_cluster
-    from provisioner.phases import StepContext
-
-    def hook(ctx: StepContext) -> str:
-        return "drift: " + check_cluster(cluster, ctx.state_dir, nodes=ctx.hosts, run_id=ctx.run_dir.name).note()
-
-    return hook
-
-
-def _print_run_drift(cluster: Cluster, out_dir: Path | None, run_id: str) -> None:
-    """The drift findings of this run (written by the hook), below the run summary."""
-    from provisioner.drift import DriftReport, summary_lines
-
-    path = state_dir_for(cluster.name, out_dir) / "runs" / run_id / "drift.json"
-    if path.is_file():
-        for line in summary_lines(DriftReport.from_json(json.loads(path.read_text(encoding="utf-8")))):
-            err.print(line, markup=False)
 
 
 def _print_latest_drift(state_dir: Path) -> None:
@@ -471,6 +368,7 @@ def verify_cmd(
     from provisioner.fabric.nccl import LAUNCHES
     from provisioner.report import to_html, to_json, to_junit
     from provisioner.report.model import nccl_lines
+    from provisioner.run import finding_line
     from provisioner.spec import hostlist
     from provisioner.verify import verify
 
@@ -496,8 +394,7 @@ def verify_cmd(
         out.print(to_json(run.report), markup=False, end="", highlight=False)
     else:
         for f in run.report.findings():
-            out.print(f"{f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}",
-                      markup=False)
+            out.print(finding_line(f), markup=False)
         not_run: dict[tuple[str, str], list[str]] = {}  # one line per cause: the nodes that share it folded
         for c in run.report.checks:
             if not c.ran:
