@@ -59,6 +59,9 @@ LimitOpt = Annotated[str | None, typer.Option("--limit", help="Only these hosts:
 StateDirOpt = Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).",
                                                   callback=_state_dir_option)]
 
+JsonOutputOpt = Annotated[bool, typer.Option("--json", help="JSON output.")]
+LabClusterArg = Annotated[str, typer.Argument(help="Cluster name, or the spec file.")]
+
 
 def _version(value: bool) -> None:
     if value:
@@ -239,8 +242,7 @@ def _rolling(spec: Path, overlay: Path | None, out_dir: Path | None, batch: str 
 def plan_cmd(
     spec: SpecArg,
     overlay: OverlayOpt = None,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     batch: Annotated[str | None, typer.Option("--batch", help="Nodes per batch, a count or a share (25%); default "
                                               "the spec's reboot.serial.")] = None,
     limit: Annotated[str | None, typer.Option("--limit", help="Only these hosts, hostlist syntax.")] = None,
@@ -320,7 +322,7 @@ def status_cmd(
     overlay: OverlayOpt = None,
     out_dir: StateDirOpt = None,
     last: Annotated[int, typer.Option("--last", min=1, help="How many runs to show.")] = 10,
-    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+    as_json: JsonOutputOpt = False,
 ) -> None:
     """The last runs of this cluster: status, phases, set-aside hosts and why."""
     from dataclasses import asdict
@@ -506,8 +508,7 @@ def failover_cmd(
     peers: Annotated[int, typer.Option("--peers", min=0, help="Healthy peers to verify the spare against.")] = 2,
     no_persist: Annotated[bool, typer.Option("--no-persist", help="Only the live Slurm change and the record; "
                                              "leave slurm.conf to the next run.")] = False,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result (with its timeline) as JSON.")] = False,
 ) -> None:
     """Replace a failed node by a verified spare: drain it in Slurm, verify a spare of its profile against healthy
@@ -546,8 +547,7 @@ def watch_cmd(
                                                    "the spec's spares.watch_interval_s).")] = None,
     once: Annotated[bool, typer.Option("--once", help="One round, then exit (for a systemd timer).")] = False,
     peers: Annotated[int, typer.Option("--peers", min=0, help="Healthy peers to verify a spare against.")] = 2,
-    out_dir: Annotated[Path | None, typer.Option("--out", help="State directory (default .provision/<cluster>).")]
-    = None,
+    out_dir: StateDirOpt = None,
 ) -> None:
     """Health checks on every partition node (GPU count, Xid/ECC errors, ports Active at rate, nvidia_peermem)
     every interval; a node that fails them twice in a row is failed over to a spare.
@@ -853,7 +853,7 @@ def lab_up_cmd(
 
 
 @lab_app.command("down")
-def lab_down_cmd(cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")]) -> None:
+def lab_down_cmd(cluster: LabClusterArg) -> None:
     """Remove the lab's containers and state (no containers, mounts or state left behind)."""
     from provisioner.lab.cluster import lab_down
 
@@ -863,8 +863,8 @@ def lab_down_cmd(cluster: Annotated[str, typer.Argument(help="Cluster name, or t
 
 @lab_app.command("status")
 def lab_status_cmd(
-    cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")],
-    as_json: Annotated[bool, typer.Option("--json", help="JSON output.")] = False,
+    cluster: LabClusterArg,
+    as_json: JsonOutputOpt = False,
 ) -> None:
     """Per node: container state, address and injected faults."""
     from dataclasses import asdict
@@ -885,7 +885,7 @@ def lab_status_cmd(
 
 @lab_app.command("fault")
 def lab_fault_cmd(
-    cluster: Annotated[str, typer.Argument(help="Cluster name, or the spec file.")],
+    cluster: LabClusterArg,
     node: Annotated[str | None, typer.Argument(help="Node host name, or a switch for the switch faults.")] = None,
     kind: Annotated[str | None, typer.Argument(help="port_down, port_disabled, degraded_width, degraded_rate, "
                                                "slow_link, flapping, cables_swapped, peermem_missing, gpu_missing, "

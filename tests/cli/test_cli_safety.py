@@ -85,6 +85,22 @@ def test_out_onto_a_file_is_a_usage_error(capsys: pytest.CaptureFixture[str], tm
     assert target.read_text() == "x\n"
 
 
+@pytest.mark.parametrize("cmd", [["plan", "--cached"], ["failover", "gpu01"], ["watch", "--once"], ["verify"],
+                                 ["drift"], ["status"], ["tune"], ["replace-node", "gpu01"], ["trust-host", "gpu01"]],
+                         ids=lambda c: c[0])
+def test_every_state_dir_out_onto_a_file_is_the_same_usage_error(capsys: pytest.CaptureFixture[str],
+                                                                 tmp_path: Path, cmd: list[str]) -> None:
+    """--out is one option wherever it names the state directory: plan planned from no cached manifests at all
+    ('run provision plan without --cached') and failover and watch said only 'afile: File exists'."""
+    target = tmp_path / "afile"
+    target.write_text("x\n")
+    rc, out, err = run(capsys, cmd[0], str(H100), *cmd[1:], "--out", str(target))
+    assert rc == 2, (out, err)
+    first = one_error_line(out, err)
+    assert "Invalid value for '--out'" in first and "afile: not a directory" in first, first
+    assert target.read_text() == "x\n"
+
+
 @pytest.mark.parametrize("doc", ['{"hosts": []}', "[]", '{"run_id": "x", "cluster": "c", "spec": "s", '
                                  '"phases_planned": 5, "hosts": {}}', '{"run_id": "x", "cluster": "c", '
                                  '"spec": "s", "phases_planned": [], "hosts": {"a": {"completed": 3}}}'],
