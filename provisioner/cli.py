@@ -366,46 +366,18 @@ def verify_cmd(
 
     Exit 0 pass, 1 findings, 2 could not run. Reports go to <state>/verify/<time>/ (JSON, JUnit XML, HTML).
     """
-    from provisioner.errors import UsageError
-    from provisioner.fabric.nccl import LAUNCHES
-    from provisioner.report import to_html, to_json, to_junit
-    from provisioner.report.model import nccl_lines
-    from provisioner.run import finding_line
-    from provisioner.spec import hostlist
-    from provisioner.verify import verify
+    from provisioner.report import to_json
+    from provisioner.report.text import verify_lines
+    from provisioner.verify import verify_spec
 
-    if mode not in (None, "quick", "full"):
-        raise UsageError(f"--mode {mode}: use quick or full")
-    if nccl_launcher not in LAUNCHES:
-        raise UsageError(f"--nccl-launcher {nccl_launcher}: use {', '.join(LAUNCHES)}")
-    # a wrong name, or none (--only , / --only ""), fails before any SSH
-    tests = check_registry.parse_only(only.split(",")) if only is not None else None
-    from provisioner.state import run_lock
-
-    cluster, warnings = load_cluster(spec, overlay)
-    _print_diagnostics(warnings)
-    with run_lock(state_dir_for(cluster.name, out_dir), command="provision verify"):  # not during a run
-        run = verify(cluster, tests=tests, mode=mode, state_dir=out_dir, nccl_launcher=nccl_launcher,
-                     include_busy=include_busy,
-                     progress=(lambda m: None) if as_json else _progress("verify"))
-    if junit:
-        junit.write_text(to_junit(run.report), encoding="utf-8")
-    if html:
-        html.write_text(to_html(run.report), encoding="utf-8")
+    run = verify_spec(spec, overlay, only=only, mode=mode, state_dir=out_dir, nccl_launcher=nccl_launcher,
+                      include_busy=include_busy, junit=junit, html=html,
+                      progress=(lambda m: None) if as_json else _progress("verify"), warn=_print_diagnostics)
     if as_json:
         out.print(to_json(run.report), markup=False, end="", highlight=False)
     else:
-        for f in run.report.findings():
-            out.print(finding_line(f), markup=False)
-        not_run: dict[tuple[str, str], list[str]] = {}  # one line per cause: the nodes that share it folded
-        for c in run.report.checks:
-            if not c.ran:
-                not_run.setdefault((c.name, c.error or ""), []).append(c.node or "cluster")
-        for (name, why), nodes in not_run.items():
-            out.print(f"NOT RUN {name} {hostlist.compress(nodes)}: {printable(why)}", markup=False)
-        for line in nccl_lines(run.report):
+        for line in verify_lines(run.report, run.directory):
             out.print(line, markup=False)
-        out.print(f"{run.report.verdict.label}: {run.directory}", markup=False)
     raise typer.Exit(run.exit_code)
 
 
@@ -431,39 +403,13 @@ def tune_cmd(
 
     Exit 0 when the sweep ran (with or without a recommendation), 2 when it could not run.
     """
-    from provisioner.errors import UsageError
     from provisioner.fabric import tune
-    from provisioner.fabric.nccl import LAUNCHES
-    from provisioner.state import run_lock
-    from provisioner.verify import tune_nccl
+    from provisioner.verify import tune_spec
 
-    if nccl_launcher not in LAUNCHES:
-        raise UsageError(f"--nccl-launcher {nccl_launcher}: use {', '.join(LAUNCHES)}")
-    try:
-        names = tune.parse_knobs(knobs)
-    except ValueError as exc:
-        raise UsageError(str(exc)) from None
-    cluster, warnings = load_cluster(spec, overlay)
-    _print_diagnostics(warnings)
-    with run_lock(state_dir_for(cluster.name, out_dir), command="provision tune"):  # not during a run
-        run = tune_nccl(cluster, knobs=names, repeats=repeats, state_dir=out_dir, nccl_launcher=nccl_launcher,
-                        include_busy=include_busy, progress=lambda m: err.print(f"[tune] {m}", markup=False))
-    for line in tune.table(run.settings) if run.settings else []:
-        out.print(line, markup=False, highlight=False)
-    for note in run.notes:
-        out.print(f"note: {note}", markup=False)
-    if run.error is not None:
-        out.print(f"NOT RUN tune: {run.error}", markup=False)
-        raise typer.Exit(run.exit_code)
-    best = tune.recommend(run.settings)
-    if best is None:
-        out.print("No setting beat NCCL's defaults by more than the run-to-run spread: keep the defaults.",
-                  markup=False)
-    else:
-        gain = (best.median or 0.0) / (run.settings[0].median or 1.0) - 1
-        out.print(f"Recommended: {best.label} ({gain:+.1%} over the defaults' median, beyond the spread). Add to the "
-                  "spec and converge; nothing was changed on the nodes:", markup=False)
-        out.print(tune.snippet(best), markup=False, end="", highlight=False)
+    run = tune_spec(spec, overlay, knobs=knobs, repeats=repeats, state_dir=out_dir, nccl_launcher=nccl_launcher,
+                    include_busy=include_busy, progress=lambda m: err.print(f"[tune] {m}", markup=False),
+                    warn=_print_diagnostics)
+    out.print(tune.report_text(run.settings, run.notes, run.error), markup=False, end="", highlight=False)
     raise typer.Exit(run.exit_code)
 
 

@@ -20,22 +20,16 @@ from rich.console import Console
 from provisioner import phases
 from provisioner.interrupt import Interrupted
 from provisioner.phases import CRITICAL_ROLES, PythonStep, RunOptions, StepContext, StepOutcome
-from provisioner.safetext import printable
 from provisioner.spec import Cluster
 from provisioner.state import state_dir_for
 
 Say = Callable[[str], None]
 
 
-def finding_line(f: Any) -> str:
-    """One finding as `verify` and the report phase print it, node text shown safe."""
-    return f"{f.severity.upper():7s} {printable(f.location())}: {printable(f.message)}"
-
-
 def verify_steps(loaded: Cluster, out_dir: Path | None, *, say: Say, progress: Say) -> dict[str, PythonStep]:
     """The verify and report phases of a run on the run's loaded spec: `say` prints a report line, `progress` a
     verification progress message."""
-    from provisioner.report.model import nccl_lines
+    from provisioner.report.text import report_lines
     from provisioner.state import record_hardware
     from provisioner.verify import verify
 
@@ -65,9 +59,7 @@ def verify_steps(loaded: Cluster, out_dir: Path | None, *, say: Say, progress: S
         run = last.get("run")
         if run is None:
             return StepOutcome(status="not_built", note="no verification in this run to report on")
-        for f in run.report.findings():
-            say(finding_line(f))
-        for line in nccl_lines(run.report):
+        for line in report_lines(run.report):
             say(line)
         return StepOutcome(note=f"reports: {run.directory}")
 

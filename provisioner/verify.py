@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from provisioner.drift import peer_groups
-from provisioner.errors import ParseError, RemoteError
+from provisioner.errors import ParseError, RemoteError, UsageError
 from provisioner.fabric import (
     bandwidth,
     baseline,
@@ -57,9 +57,10 @@ from provisioner.remote import Completed, Remote, SshRemote, targets_from_cluste
 from provisioner.report import VerifyReport, fabric_picture, to_html, to_json, to_junit
 from provisioner.slurm.ctl import SlurmCtl, SlurmError
 from provisioner.slurm.membership import current as current_membership
-from provisioner.spec import hostlist
+from provisioner.spec import hostlist, load_cluster
 from provisioner.spec.cluster import Cluster, Node
-from provisioner.state import private_dir, state_dir_for, symlink_atomic, write_text_atomic
+from provisioner.spec.diagnostics import Diagnostic
+from provisioner.state import private_dir, run_lock, state_dir_for, symlink_atomic, write_text_atomic
 
 __all__ = ["ALL_TESTS", "VerifyRun", "export_nhc", "run_verify", "verify", "write_reports"]
 
@@ -785,3 +786,53 @@ def tune_nccl(cluster: Cluster, *, knobs: Sequence[str] | None = None, repeats: 
 
 class _CouldNotRun(Exception):
     """The all-reduce could not start at all (no launcher, no two nodes, Slurm refused): the sweep stops."""
+
+
+# ---------------------------------------------------------------------------------------------------------
+# the commands: `provision verify` and `provision tune` from a spec file
+
+def check_launcher(nccl_launcher: str) -> None:
+    """--nccl-launcher is one of nccl.LAUNCHES (a UsageError before any SSH)."""
+    if nccl_launcher not in nccl.LAUNCHES:
+        raise UsageError(f"--nccl-launcher {nccl_launcher}: use {', '.join(nccl.LAUNCHES)}")
+
+
+def verify_spec(spec: Path, overlay: Path | None = None, *, only: str | None = None, mode: str | None = None,
+                state_dir: Path | None = None, nccl_launcher: str = "auto", include_busy: bool = False,
+                junit: Path | None = None, html: Path | None = None, progress: Progress = _quiet,
+                warn: Callable[[list[Diagnostic]], None] = lambda _d: None) -> VerifyRun:
+    """`provision verify`: the options checked before any SSH (UsageError), the spec loaded once (its warnings
+    to ``warn``), the checks run under the run lock (not during a run), the extra JUnit/HTML reports written."""
+    if mode not in (None, "quick", "full"):
+        raise UsageError(f"--mode {mode}: use quick or full")
+    check_launcher(nccl_launcher)
+    # a wrong name, or none (--only , / --only ""), fails before any SSH
+    tests = registry.parse_only(only.split(",")) if only is not None else None
+    cluster, warnings = load_cluster(spec, overlay)
+    warn(warnings)
+    with run_lock(state_dir_for(cluster.name, state_dir), command="provision verify"):  # not during a run
+        run = verify(cluster, tests=tests, mode=mode, state_dir=state_dir, nccl_launcher=nccl_launcher,
+                     include_busy=include_busy, progress=progress)
+    if junit:
+        junit.write_text(to_junit(run.report), encoding="utf-8")
+    if html:
+        html.write_text(to_html(run.report), encoding="utf-8")
+    return run
+
+
+def tune_spec(spec: Path, overlay: Path | None = None, *, knobs: str | None = None,
+              repeats: int = tune.DEFAULT_REPEATS, state_dir: Path | None = None, nccl_launcher: str = "auto",
+              include_busy: bool = False, progress: Progress = _quiet,
+              warn: Callable[[list[Diagnostic]], None] = lambda _d: None) -> TuneRun:
+    """`provision tune`: the options checked first (UsageError), the spec loaded once (its warnings to ``warn``),
+    the sweep run under the run lock (not during a run)."""
+    check_launcher(nccl_launcher)
+    try:
+        names = tune.parse_knobs(knobs)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    cluster, warnings = load_cluster(spec, overlay)
+    warn(warnings)
+    with run_lock(state_dir_for(cluster.name, state_dir), command="provision tune"):  # not during a run
+        return tune_nccl(cluster, knobs=names, repeats=repeats, state_dir=state_dir, nccl_launcher=nccl_launcher,
+                         include_busy=include_busy, progress=progress)

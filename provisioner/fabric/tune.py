@@ -182,3 +182,19 @@ def snippet(best: Setting) -> str:
     """The spec lines that make the nccl role write ``best`` to /etc/nccl.conf."""
     body = "".join(f'    {k}: "{v}"\n' for k, v in best.env.items())
     return f"software:\n  nccl_env:\n{body}"
+
+
+def report_text(settings: Sequence[Setting], notes: Sequence[str], error: str | None) -> str:
+    """What `provision tune` prints: the table and the notes, then why the sweep did not run, or the advice to
+    keep the defaults, or the recommendation with its spec snippet."""
+    lines = [*(table(settings) if settings else []), *(f"note: {note}" for note in notes)]
+    best = recommend(settings) if error is None else None
+    if error is not None:
+        lines.append(f"NOT RUN tune: {error}")
+    elif best is None:
+        lines.append("No setting beat NCCL's defaults by more than the run-to-run spread: keep the defaults.")
+    else:
+        gain = (best.median or 0.0) / (settings[0].median or 1.0) - 1
+        lines.append(f"Recommended: {best.label} ({gain:+.1%} over the defaults' median, beyond the spread). Add to "
+                     "the spec and converge; nothing was changed on the nodes:")
+    return "".join(f"{line}\n" for line in lines) + (snippet(best) if best is not None else "")
