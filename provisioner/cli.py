@@ -255,22 +255,9 @@ def plan_cmd(
 
     Exit 0 nothing to change, 1 changes planned, 2 could not run.
     """
-    from provisioner.day2.plan import cached_manifests, make_plan, summary_lines, to_json_text
-    from provisioner.drift import fetch_manifests
-    from provisioner.phases import expand_limit
-    from provisioner.remote import SshRemote, targets_from_cluster
-    from provisioner.slurm.membership import current
+    from provisioner.day2.plan import plan_spec, summary_lines, to_json_text
 
-    cluster, _ = load_cluster(spec, overlay)
-    sdir = state_dir_for(cluster.name, out_dir)
-    nodes = expand_limit(limit, [n.name for n in cluster.nodes])
-    if cached:
-        manifests, missing = cached_manifests(sdir, nodes)
-    else:
-        with SshRemote(targets_from_cluster(cluster)) as ssh:
-            manifests, missing = fetch_manifests(ssh, nodes)
-    plan = make_plan(cluster, manifests, missing, current(cluster, sdir), batch=batch, nodes=nodes,
-                     source="cache" if cached else "ssh")
+    plan = plan_spec(spec, overlay, state_dir=out_dir, batch=batch, limit=limit, cached=cached)
     if as_json:
         out.print(to_json_text(plan), markup=False)
     else:
@@ -301,13 +288,9 @@ def drift_cmd(
 
     Exit 0 no drift, 1 drift or nodes without a manifest, 2 could not run.
     """
-    from provisioner.drift import check_cluster, summary_lines
-    from provisioner.phases import expand_limit
-    from provisioner.render.model import build_inventory
+    from provisioner.drift import drift_spec, summary_lines
 
-    cluster, _ = load_cluster(spec, overlay)
-    nodes = expand_limit(limit, [n.name for n in cluster.nodes], build_inventory(cluster).groups)
-    report = check_cluster(cluster, state_dir_for(cluster.name, out_dir), nodes=nodes)
+    report = drift_spec(spec, overlay, limit=limit, state_dir=out_dir)
     if as_json:
         out.print_json(json.dumps(report.to_json()))
     else:
@@ -463,20 +446,12 @@ def failover_cmd(
     Exit 0 a spare took its place, 1 no spare passed (the node stays drained), 2 could not run; 130/143/129 when
     interrupted by Ctrl-C/SIGTERM/SIGHUP (what it did is recorded as interrupted under <state>/failover/).
     """
-    from provisioner import interrupt
-    from provisioner.day2.failover import make_failover, summary_lines
+    from provisioner.day2.failover import failover_spec, summary_lines
     from provisioner.progress import LiveReporter
 
-    log = _progress("failover")
-
-    with LiveReporter(err) as rep, interrupt.interruptible():
-        fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, reporter=rep,
-                           persist=not no_persist, progress=log)
-        try:
-            result = fo.run(node, reason)
-        except Interrupted as exc:
-            log(f"interrupted by {exc.signame}: what was done is recorded under {fo.state_dir / 'failover'}")
-            raise
+    with LiveReporter(err) as rep:
+        result = failover_spec(spec, node, reason, overlay=overlay, state_dir=out_dir, peers=peers,
+                               persist=not no_persist, reporter=rep, progress=_progress("failover"))
     if as_json:
         out.print_json(json.dumps(result.to_json()))
     else:
@@ -502,32 +477,13 @@ def watch_cmd(
     failover happened or failed; 130/143/129 when the signal interrupted a failover (recorded as interrupted under
     <state>/failover/, the node stays drained).
     """
-    from provisioner import interrupt
-    from provisioner.day2.failover import make_failover
-    from provisioner.day2.watch import Watch
+    from provisioner.day2.watch import watch_spec
 
     def log(m: str) -> None:
         err.print(f"[watch {datetime_now()}] {m}", markup=False)
 
-    watch: Watch | None = None
-    try:
-        with interrupt.interruptible():
-            fo = make_failover(spec, overlay=overlay, state_dir=out_dir, peers=peers, progress=log,
-                               command="provision watch: failover")
-            spares = fo.cluster.spec.spares
-            every = interval if interval is not None else float(spares.watch_interval_s if spares else 60)
-            watch = Watch(fo, every, progress=log)
-            log(f"watching {fo.cluster.name} every {every:g} s (failover budget "
-                f"{spares.failover_budget_s if spares else 600} s)")
-            watch.loop(rounds=1 if once else None)
-    except Interrupted as exc:
-        if watch is not None and watch.failing_over is not None:
-            log(f"the failover of {watch.failing_over} was interrupted by {exc.signame}: recorded under "
-                f"{watch.failover.state_dir / 'failover'}")
-            raise typer.Exit(exc.exit_code) from None
-        log(f"stopped by {exc.signame}")
-        raise typer.Exit(0) from None
-    raise typer.Exit(1 if once and watch.results else 0)
+    raise typer.Exit(watch_spec(spec, overlay=overlay, state_dir=out_dir, interval=interval, once=once, peers=peers,
+                                progress=log))
 
 
 def datetime_now() -> str:
@@ -536,21 +492,8 @@ def datetime_now() -> str:
     return datetime.now(UTC).strftime("%H:%M:%S")
 
 
-def _expected_fingerprints(chosen: list[str], fingerprint: str | None, fingerprints: Path | None) -> dict[str, str]:
-    """``{node: SHA256:...}`` from --fingerprints FILE and --fingerprint (one node): trust-host's and discover's."""
-    from provisioner.errors import UsageError
-    from provisioner.trust import check_fingerprint, parse_fingerprints
-    from provisioner.userfile import read_user_text
-
-    expected: dict[str, str] = {}
-    if fingerprints is not None:
-        text = read_user_text(fingerprints, "a fingerprints file")
-        expected.update(parse_fingerprints(text, str(fingerprints)))
-    if fingerprint is not None:
-        if len(chosen) != 1:
-            raise UsageError("--fingerprint names one node's key; for several nodes use --fingerprints FILE")
-        expected[chosen[0]] = check_fingerprint(fingerprint, "--fingerprint")
-    return expected
+def _print_trusted(r: Any) -> None:
+    out.print(printable(f"{r.node}: {r.status}: {r.offered or '-'}: {r.detail}"), markup=False)
 
 
 @app.command("trust-host")
@@ -571,21 +514,10 @@ def trust_host_cmd(
 
     Exit 0 every node trusted (now or before), 2 anything refused or unreachable.
     """
-    from provisioner.phases import expand_limit
-    from provisioner.remote import targets_from_cluster
-    from provisioner.render.model import build_inventory
-    from provisioner.state import record_host_key
-    from provisioner.trust import trust_hosts
+    from provisioner.trust import trust_spec
 
-    cluster, _ = load_cluster(spec, overlay)
-    chosen = expand_limit(nodes, [n.name for n in cluster.nodes], build_inventory(cluster).groups, what="NODES")
-    expected = _expected_fingerprints(chosen, fingerprint, fingerprints)
-    results = trust_hosts(targets_from_cluster(cluster), chosen, expected)
-    state = state_dir_for(cluster.name, out_dir)
-    for r in results:
-        if r.status == "trusted" and r.offered:
-            record_host_key(state, r.node, old=[], new=r.offered, key_type="ssh")
-        out.print(printable(f"{r.node}: {r.status}: {r.offered or '-'}: {r.detail}"), markup=False)
+    results = trust_spec(spec, nodes, overlay=overlay, fingerprint=fingerprint, fingerprints=fingerprints,
+                         state_dir=out_dir, each=_print_trusted)
     raise typer.Exit(0 if all(r.status in ("trusted", "known") for r in results) else 2)
 
 
@@ -624,25 +556,11 @@ def discover_cmd(
     Exit 0 the draft validates, 1 it has errors (written all the same), 2 could not run (a host key refused
     included).
     """
-    import re as _re
+    from provisioner.discover import discover_hosts
 
-    from provisioner.discover import discover, jump_option, targets, trust_first
-    from provisioner.errors import UsageError
-    from provisioner.remote import JumpTarget, SshRemote
-
-    if not _re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):
-        raise UsageError(f"--name {name!r}: lowercase letters, digits and '-', at most 32")
-    bastion = jump_option(jump) if jump is not None else None
-    hop = JumpTarget.of(bastion, user=user, key=key, known_hosts=known_hosts) if bastion else None
-    chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts, jump=hop)
-    expected = _expected_fingerprints(list(chosen), fingerprint, fingerprints)
-    ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port,
-           "jump": bastion.model_dump() if bastion else None}
-    if fingerprint is not None or fingerprints is not None:
-        trust_first(chosen, expected, progress=_progress("discover"))
-    with SshRemote(chosen) as remote:
-        draft = discover(remote, chosen, cluster_name=name, ssh=ssh,
-                         progress=_progress("discover"))
+    draft = discover_hosts(hosts, address=address, user=user, known_hosts=known_hosts, key=key, port=port,
+                           name=name, fingerprint=fingerprint, fingerprints=fingerprints, jump=jump,
+                           progress=_progress("discover"))
     res = load_text(draft.text, str(out_file or "<draft>"))
     _write_or_print(draft.text, out_file)
     for line in draft.skipped:  # what nodes reported, shown safe (safetext)

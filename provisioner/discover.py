@@ -893,3 +893,26 @@ def discover(remote: Remote, hosts: Mapping[str, SshTarget], *, cluster_name: st
         say(f"saquery SMIR on {asked}")
         fabric.sms, fabric.sm_note = read_sms(remote, asked)
     return draft_spec(nodes, fabric, cluster_name=cluster_name, ssh=ssh)
+
+
+def discover_hosts(hosts: str, *, address: str | None = None, user: str = "root",
+                   known_hosts: Path = Path("known_hosts"), key: Path | None = None, port: int = 22,
+                   name: str = "cluster", fingerprint: str | None = None, fingerprints: Path | None = None,
+                   jump: str | None = None, progress: Any = None) -> Draft:
+    """`provision discover` up to the draft: the options checked (UsageError), the hosts' keys trusted first when
+    fingerprints are given (any refusal stops it before a node is probed), every host probed over SSH."""
+    from provisioner.remote import SshRemote  # looked up per call: tests stand in for it
+    from provisioner.trust import expected_fingerprints
+
+    if not re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,30}[a-z0-9])?", name):
+        raise UsageError(f"--name {name!r}: lowercase letters, digits and '-', at most 32")
+    bastion = jump_option(jump) if jump is not None else None
+    hop = JumpTarget.of(bastion, user=user, key=key, known_hosts=known_hosts) if bastion else None
+    chosen = targets(hosts, address, user=user, port=port, key=key, known_hosts=known_hosts, jump=hop)
+    expected = expected_fingerprints(list(chosen), fingerprint, fingerprints)
+    ssh = {"user": user, "known_hosts": str(known_hosts), "key": str(key) if key else None, "port": port,
+           "jump": bastion.model_dump() if bastion else None}
+    if fingerprint is not None or fingerprints is not None:
+        trust_first(chosen, expected, progress=progress)
+    with SshRemote(chosen) as remote:
+        return discover(remote, chosen, cluster_name=name, ssh=ssh, progress=progress)

@@ -370,3 +370,17 @@ def check_cluster(cluster: Cluster, state_dir: Path, *, nodes: Iterable[str] | N
     report = build_report(cluster, wanted, manifests, missing, run_id)
     save_report(state_dir, report, manifests)
     return report
+
+
+def drift_spec(spec: Path, overlay: Path | None = None, *, limit: str | None = None,
+               state_dir: Path | None = None) -> DriftReport:
+    """`provision drift`: the spec loaded once, the nodes ``limit`` selects (host patterns over its hosts and
+    groups, or a hostlist; all when None) read and compared (:func:`check_cluster`), the report stored."""
+    from provisioner.phases import expand_limit
+    from provisioner.render.model import build_inventory
+    from provisioner.spec import load_cluster
+    from provisioner.state import state_dir_for
+
+    cluster, _ = load_cluster(spec, overlay)
+    nodes = expand_limit(limit, [n.name for n in cluster.nodes], build_inventory(cluster).groups)
+    return check_cluster(cluster, state_dir_for(cluster.name, state_dir), nodes=nodes)

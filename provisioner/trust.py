@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from provisioner.errors import RemoteError, UsageError
@@ -100,4 +101,44 @@ def _trust(targets: Mapping[str, SshTarget], nodes: Sequence[str], expected: Map
                 append_host_key(target, key)
         detail = f"{verdict.reason}: {verdict.hint}" if verdict.hint else verdict.reason
         results.append(TrustResult(node, _STATUS[verdict.action], verdict.offered, detail))
+    return results
+
+
+def expected_fingerprints(chosen: Sequence[str], fingerprint: str | None,
+                          fingerprints: Path | None) -> dict[str, str]:
+    """``{node: SHA256:...}`` from --fingerprints FILE and --fingerprint (one node): trust-host's and discover's."""
+    from provisioner.userfile import read_user_text
+
+    expected: dict[str, str] = {}
+    if fingerprints is not None:
+        text = read_user_text(fingerprints, "a fingerprints file")
+        expected.update(parse_fingerprints(text, str(fingerprints)))
+    if fingerprint is not None:
+        if len(chosen) != 1:
+            raise UsageError("--fingerprint names one node's key; for several nodes use --fingerprints FILE")
+        expected[chosen[0]] = check_fingerprint(fingerprint, "--fingerprint")
+    return expected
+
+
+def trust_spec(spec: Path, nodes: str, *, overlay: Path | None = None, fingerprint: str | None = None,
+               fingerprints: Path | None = None, state_dir: Path | None = None,
+               each: Callable[[TrustResult], None] = lambda _r: None) -> list[TrustResult]:
+    """`provision trust-host`: the spec loaded once, ``nodes`` (a hostlist or host pattern) read and trusted
+    where they offer the fingerprint given, each key trusted now recorded in the hardware history, then handed
+    to ``each``."""
+    from provisioner.phases import expand_limit
+    from provisioner.remote import targets_from_cluster
+    from provisioner.render.model import build_inventory
+    from provisioner.spec import load_cluster
+    from provisioner.state import record_host_key, state_dir_for
+
+    cluster, _ = load_cluster(spec, overlay)
+    chosen = expand_limit(nodes, [n.name for n in cluster.nodes], build_inventory(cluster).groups, what="NODES")
+    expected = expected_fingerprints(chosen, fingerprint, fingerprints)
+    results = trust_hosts(targets_from_cluster(cluster), chosen, expected)
+    state = state_dir_for(cluster.name, state_dir)
+    for r in results:
+        if r.status == "trusted" and r.offered:
+            record_host_key(state, r.node, old=[], new=r.offered, key_type="ssh")
+        each(r)
     return results

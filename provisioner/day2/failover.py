@@ -41,6 +41,7 @@ from provisioner.day2 import peers as peers_mod
 from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.errors import ProvisionerError, UsageError
 from provisioner.health import check_nodes
+from provisioner.interrupt import Interrupted
 from provisioner.phases import NullReporter, Reporter, RunOptions, provision_run
 from provisioner.remote import Remote
 from provisioner.report import VerifyReport
@@ -329,3 +330,18 @@ def make_failover(spec: Path, *, overlay: Path | None = None, state_dir: Path | 
 
 def names_of(nodes: Sequence[str]) -> str:
     return ", ".join(nodes)
+
+
+def failover_spec(spec: Path, node: str, reason: str, *, overlay: Path | None = None, state_dir: Path | None = None,
+                  peers: int = DEFAULT_PEERS, persist: bool = True, reporter: Reporter | None = None,
+                  progress: Progress = lambda _m: None) -> FailoverResult:
+    """`provision failover`: ``node`` failed over for ``reason`` on the spec's cluster. A signal ends it with
+    :class:`Interrupted`, ``progress`` told where what was done is recorded."""
+    with interrupt.interruptible():
+        fo = make_failover(spec, overlay=overlay, state_dir=state_dir, peers=peers, reporter=reporter,
+                           persist=persist, progress=progress)
+        try:
+            return fo.run(node, reason)
+        except Interrupted as exc:
+            progress(f"interrupted by {exc.signame}: what was done is recorded under {fo.state_dir / 'failover'}")
+            raise

@@ -316,3 +316,26 @@ def summary_lines(plan: Plan) -> list[str]:
 
 def to_json_text(plan: Plan) -> str:
     return json.dumps(plan.to_json(), indent=2, sort_keys=True)
+
+
+def plan_spec(spec: Path, overlay: Path | None = None, *, state_dir: Path | None = None, batch: str | None = None,
+              limit: str | None = None, cached: bool = False) -> Plan:
+    """`provision plan`: the spec loaded once, the nodes' manifests read over SSH (or the last run's with
+    ``cached``), the plan against the spec and the recorded Slurm membership. Touches nothing."""
+    from provisioner.drift import fetch_manifests
+    from provisioner.phases import expand_limit
+    from provisioner.remote import SshRemote, targets_from_cluster
+    from provisioner.slurm.membership import current
+    from provisioner.spec import load_cluster
+    from provisioner.state import state_dir_for
+
+    cluster, _ = load_cluster(spec, overlay)
+    sdir = state_dir_for(cluster.name, state_dir)
+    nodes = expand_limit(limit, [n.name for n in cluster.nodes])
+    if cached:
+        manifests, missing = cached_manifests(sdir, nodes)
+    else:
+        with SshRemote(targets_from_cluster(cluster)) as ssh:
+            manifests, missing = fetch_manifests(ssh, nodes)
+    return make_plan(cluster, manifests, missing, current(cluster, sdir), batch=batch, nodes=nodes,
+                     source="cache" if cached else "ssh")

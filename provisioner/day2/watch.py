@@ -8,11 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
+from provisioner import interrupt
 from provisioner.day2.failover import Failover, FailoverResult, Timeline, summary_lines
-from provisioner.day2.peers import Progress
+from provisioner.day2.peers import DEFAULT_PEERS, Progress
 from provisioner.errors import ProvisionerError
 from provisioner.health import NodeHealth, check_nodes
+from provisioner.interrupt import Interrupted
 from provisioner.slurm.membership import current
 
 
@@ -85,3 +88,32 @@ class Watch:
 
 def _reason(h: NodeHealth) -> str:
     return h.summary()[:150]
+
+
+def watch_spec(spec: Path, *, overlay: Path | None = None, state_dir: Path | None = None,
+               interval: float | None = None, once: bool = False, peers: int = DEFAULT_PEERS,
+               progress: Progress = lambda _m: None) -> int:
+    """`provision watch`: rounds every ``interval`` (default the spec's spares.watch_interval_s) until a signal,
+    or one round with ``once``; the exit code its help gives (a signal between failovers is a clean stop, 0;
+    one that interrupted a failover is its own code, the failover recorded as interrupted)."""
+    from provisioner.day2.failover import make_failover  # looked up per call: tests stand in for it
+
+    watch: Watch | None = None
+    try:
+        with interrupt.interruptible():
+            fo = make_failover(spec, overlay=overlay, state_dir=state_dir, peers=peers, progress=progress,
+                               command="provision watch: failover")
+            spares = fo.cluster.spec.spares
+            every = interval if interval is not None else float(spares.watch_interval_s if spares else 60)
+            watch = Watch(fo, every, progress=progress)
+            progress(f"watching {fo.cluster.name} every {every:g} s (failover budget "
+                     f"{spares.failover_budget_s if spares else 600} s)")
+            watch.loop(rounds=1 if once else None)
+    except Interrupted as exc:
+        if watch is not None and watch.failing_over is not None:
+            progress(f"the failover of {watch.failing_over} was interrupted by {exc.signame}: recorded under "
+                     f"{watch.failover.state_dir / 'failover'}")
+            return exc.exit_code
+        progress(f"stopped by {exc.signame}")
+        return 0
+    return 1 if once and watch.results else 0
