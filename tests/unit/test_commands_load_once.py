@@ -126,6 +126,8 @@ COMMANDS = {
     "plan": (["plan"], ["--cached"], None),
     "replace-node": (["replace-node"], ["gpu01", "--accept-new-host-key"], "converged"),
     "watch-once": (["watch"], ["--once"], "converged"),
+    "failover": (["failover"], ["gpu01"], "converged"),
+    "drift": (["drift"], [], None),
 }
 
 
