@@ -141,21 +141,9 @@ def parse_cmd(
     file: Annotated[str, typer.Argument(help="The captured output, or - for standard input.")] = "-",
 ) -> None:
     """Parse a captured tool output and print it as one JSON object (exit 2 if it is not that tool's output)."""
-    from provisioner.errors import UsageError
-    from provisioner.parsers import PARSERS, parse
+    from provisioner.parsers import parse_capture
 
-    if tool not in PARSERS:
-        raise UsageError(f"unknown tool '{tool}'", hint="one of " + ", ".join(sorted(PARSERS)))
-    from provisioner.userfile import MAX_USER_FILE_BYTES, read_user_bytes
-
-    if file == "-":
-        text = sys.stdin.read(MAX_USER_FILE_BYTES + 1)
-        if len(text) > MAX_USER_FILE_BYTES:
-            raise UsageError(f"standard input: more than {MAX_USER_FILE_BYTES} characters is too large for a "
-                             "captured output")
-    else:  # a capture may hold stray bytes (a serial console): they become U+FFFD, the parser judges the rest
-        text = read_user_bytes(file, "a captured output").decode("utf-8", errors="replace")
-    out.print_json(json.dumps(parse(tool, text), sort_keys=True))
+    out.print_json(json.dumps(parse_capture(tool, file), sort_keys=True))
 
 
 @app.command("up")
@@ -692,27 +680,13 @@ def lab_up_cmd(
                                                      dir_okay=False)] = None,
 ) -> None:
     """Start one systemd container per node of the spec, with simulated GPUs/HCAs, SSH and known_hosts."""
-    from provisioner.lab import faults, fromspec
-    from provisioner.lab.cluster import cluster_dir, lab_up
-    from provisioner.lab.ipoib import lab_ipoib_links
+    from provisioner.lab.commands import lab_up_spec
 
-    cluster, warnings = load_cluster(spec)
-    _print_diagnostics(warnings)
-    nodes = fromspec.lab_nodes(cluster)[:max_nodes] if max_nodes else fromspec.lab_nodes(cluster)
-    wanted = faults.load_fault_list(faults_file, {n.hostname: {h.device for h in n.hcas} for n in nodes},
-                                    {s.name for s in cluster.switches}) if faults_file else []
-    info = lab_up(cluster.name, fromspec.lab_nodes(cluster), fromspec.lab_switches(cluster),
-                  fromspec.lab_cables(cluster), max_nodes=max_nodes, progress=_log,
-                  versions=fromspec.lab_versions(cluster), nfs_exports=fromspec.lab_nfs_exports(cluster),
-                  ipoib_links=lab_ipoib_links(cluster))
-    root = str(cluster_dir(cluster.name))
-    fromspec.write_switch_links(root, fromspec.lab_switch_links(cluster))
-    for record in faults.apply_fault_list(root, wanted):
-        _log(f"injected {record['kind']} " + " ".join(f"{k}={v}" for k, v in record.items()
-                                                      if k not in ("kind", "saved", "set")))
+    info, injected = lab_up_spec(spec, max_nodes=max_nodes, faults_file=faults_file, progress=_log,
+                                 warn=_print_diagnostics)
     out.print(f"lab {info.cluster}: {len(info.addresses)} node(s) up; overlay {info.overlay}", markup=False)
-    if wanted:
-        out.print(f"{len(wanted)} fault(s) injected from {faults_file}", markup=False)
+    if injected:
+        out.print(f"{injected} fault(s) injected from {faults_file}", markup=False)
     out.print(f"next: provision {spec} --overlay {info.overlay}", markup=False)
 
 
@@ -764,45 +738,15 @@ def lab_fault_cmd(
                                               "as a whole first).", dir_okay=False)] = None,
 ) -> None:
     """Inject a fault into the running lab (takes effect at once), or clear it with --clear."""
-    from provisioner.errors import UsageError
-    from provisioner.lab import faults
-    from provisioner.lab.cluster import cluster_dir
+    from provisioner.lab.commands import lab_fault
 
-    root = str(cluster_dir(_cluster_name(cluster)))
-    if file is not None:
-        if node or kind or params or clear:
-            raise UsageError("--file takes no node, kind, parameters or --clear")
-        records = faults.apply_fault_list(root, faults.load_fault_list(file, faults.lab_devices(root),
-                                                                       faults.lab_switches(root)))
-        out.print(f"injected {len(records)} fault(s) from {file}", markup=False)
-        return
-    if not node or (not kind and not clear):
-        raise UsageError("give a node and a fault kind (or --file FILE)")
-    kv: dict[str, Any] = {}
-    for item in params or []:
-        if "=" not in item:
-            raise UsageError(f"parameter '{item}' is not key=value")
-        k, v = item.split("=", 1)
-        kv[k] = v
-    if node not in faults.lab_devices(root) and node not in faults.lab_switches(root):
-        raise UsageError(f"no node or switch {node!r} in lab {_cluster_name(cluster)}",
-                         hint="provision lab status CLUSTER lists them")
-    if clear:
-        done = faults.clear(root, node, None if kind in (None, "all") else kind, **kv)
-        out.print(f"{node}: cleared {', '.join(r['kind'] for r in done) or 'nothing (no such fault)'}", markup=False)
-        return
-    if kind is None:
-        raise UsageError("give a fault kind")
-    faults.inject(root, node, kind, **faults.check_params(kind, kv))
-    out.print(f"{node}: injected {kind}", markup=False)
+    out.print(lab_fault(cluster, node, kind, params, clear=clear, file=file), markup=False)
 
 
 def _cluster_name(arg: str) -> str:
-    """A cluster name given directly or through its spec file."""
-    p = Path(arg)
-    if arg.endswith((".yaml", ".yml")) and p.is_file():
-        return load_cluster(p)[0].name
-    return arg
+    from provisioner.lab.commands import cluster_name
+
+    return cluster_name(arg)
 
 
 COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",

@@ -71,3 +71,23 @@ def parse(tool: str, text: str) -> dict[str, Any]:
         raise
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, RecursionError) as exc:
         raise ParseError(f"{tool}: could not parse input ({exc.__class__.__name__}: {exc})") from exc
+
+
+def parse_capture(tool: str, file: str) -> dict[str, Any]:
+    """`provision parse`: a captured output from ``file`` (``-``: standard input) parsed as ``tool``'s. An unknown
+    tool or an input too large is a UsageError; stray bytes (a serial console) become U+FFFD for the parser."""
+    import sys
+
+    from provisioner.errors import UsageError
+    from provisioner.userfile import MAX_USER_FILE_BYTES, read_user_bytes
+
+    if tool not in PARSERS:
+        raise UsageError(f"unknown tool '{tool}'", hint="one of " + ", ".join(sorted(PARSERS)))
+    if file == "-":
+        text = sys.stdin.read(MAX_USER_FILE_BYTES + 1)
+        if len(text) > MAX_USER_FILE_BYTES:
+            raise UsageError(f"standard input: more than {MAX_USER_FILE_BYTES} characters is too large for a "
+                             "captured output")
+    else:  # a capture may hold stray bytes (a serial console): they become U+FFFD, the parser judges the rest
+        text = read_user_bytes(file, "a captured output").decode("utf-8", errors="replace")
+    return parse(tool, text)
