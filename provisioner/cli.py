@@ -749,14 +749,18 @@ def _cluster_name(arg: str) -> str:
     return cluster_name(arg)
 
 
-COMMANDS = {"validate", "render", "rules", "up", "parse", "lab", "verify", "status", "replace-node", "switches",
-            "export", "drift", "trust-host", "discover", "plan", "failover", "watch", "collection-path", "tune"}
+def command_names() -> set[str]:
+    """The words `provision` takes as a command, read from the registered commands and groups (typer names an
+    unnamed command after its function, '_' as '-'); any other first word is a spec file: `up FILE`."""
+    names = {c.name or (c.callback.__name__ if c.callback else "").lower().replace("_", "-")
+             for c in app.registered_commands}
+    return names | {g.name for g in app.registered_groups if g.name}
 
 
 def main(argv: list[str] | None = None) -> int:
     """Entry point: `provision FILE ...` means `provision up FILE ...`; errors become one line and an exit code."""
     args = list(sys.argv[1:] if argv is None else argv)
-    if args and not args[0].startswith("-") and args[0] not in COMMANDS:
+    if args and not args[0].startswith("-") and args[0] not in command_names():
         args.insert(0, "up")
     try:
         # without standalone mode click returns the code of a typer.Exit instead of raising it

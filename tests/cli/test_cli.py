@@ -161,3 +161,14 @@ def test_collection_path(capsys: pytest.CaptureFixture[str]) -> None:
     rc, out, _ = run(capsys, "collection-path")
     galaxy = Path(out.strip()) / "ansible_collections" / "provisioner" / "cluster" / "galaxy.yml"
     assert rc == 0 and out.count("\n") == 1 and "name: cluster" in galaxy.read_text()
+
+
+def test_the_words_taken_as_commands_are_the_commands_typer_registered() -> None:
+    """`provision FILE` means `provision up FILE` unless FILE is a command: the set of command words is read from
+    the app (it was a hand-kept set beside it, which a new command had to remember)."""
+    import typer.main
+
+    from provisioner.cli import app, command_names
+
+    assert command_names() == set(typer.main.get_command(app).commands)
+    assert {"collection-path", "replace-node", "validate", "lab", "export"} <= command_names()
