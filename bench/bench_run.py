@@ -35,6 +35,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from task_costs import render, task_costs  # bench/ is on sys.path: the script's own folder
+
 from provisioner.collection import playbooks_dir
 from provisioner.lab import fromspec
 from provisioner.lab.cluster import LabInfo, cluster_dir, lab_down, lab_up
@@ -43,6 +45,7 @@ from provisioner.lab.ipoib import lab_ipoib_links
 from provisioner.phases import RunOptions, provision_run
 from provisioner.runner import DEFAULT_FORKS, ansible_settings, render_ansible_cfg
 from provisioner.spec import load_cluster
+from provisioner.state import RunJournal, runs_dir
 
 ROOT = Path(__file__).resolve().parents[1]
 BASE_SPEC = ROOT / "tests" / "lab" / "e2e_cluster.yaml"
@@ -57,6 +60,8 @@ class SizeResult:
     first_status: str | None = None
     rerun_s: float | None = None
     rerun_status: str | None = None
+    first_tasks: dict[str, float | int] = field(default_factory=dict)
+    rerun_tasks: dict[str, float | int] = field(default_factory=dict)
     engine_s: list[float] = field(default_factory=list)
     plain_s: list[float] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -101,8 +106,22 @@ def bring_up(spec: Path) -> LabInfo:
 
 
 def engine_run(spec: Path, overlay: Path, state: Path, phases: list[str]) -> str:
-    journal = provision_run(spec, RunOptions(only=phases, overlay=str(overlay), max_fail=100), state_dir=state)
-    return journal.status
+    return engine_journal(spec, overlay, state, phases).status
+
+
+def engine_journal(spec: Path, overlay: Path, state: Path, phases: list[str]) -> RunJournal:
+    return provision_run(spec, RunOptions(only=phases, overlay=str(overlay), max_fail=100), state_dir=state)
+
+
+def converge(spec: Path, overlay: Path, state: Path, label: str) -> tuple[float, str, dict[str, float | int]]:
+    """One timed converge, and what its tasks cost (bench/task_costs.py) printed and returned."""
+    start = time.perf_counter()
+    journal = engine_journal(spec, overlay, state, CONVERGE)
+    secs = time.perf_counter() - start
+    costs = task_costs(runs_dir(state) / journal.run_id)
+    print(f"  converge, {label}: {secs:.0f} s ({journal.status})", flush=True)
+    print("    " + render(costs, 12).replace("\n", "\n    "), flush=True)
+    return secs, journal.status, costs.summary()
 
 
 def plain_run(playbook: Path, state: Path, cfg_dir: Path) -> str:
@@ -142,10 +161,8 @@ def bench_size(nodes: int, args: argparse.Namespace, work: Path) -> SizeResult:
     overlay = cluster_dir(name) / "overlay.yaml"
     try:
         if not args.skip_converge:
-            res.first_s, res.first_status = timed(lambda: engine_run(spec, overlay, state, CONVERGE))
-            print(f"  converge, first: {res.first_s:.0f} s ({res.first_status})", flush=True)
-            res.rerun_s, res.rerun_status = timed(lambda: engine_run(spec, overlay, state, CONVERGE))
-            print(f"  converge, re-run: {res.rerun_s:.0f} s ({res.rerun_status})", flush=True)
+            res.first_s, res.first_status, res.first_tasks = converge(spec, overlay, state, "first")
+            res.rerun_s, res.rerun_status, res.rerun_tasks = converge(spec, overlay, state, "re-run")
         if nodes == args.overhead_nodes:
             if args.skip_converge:  # the overhead runs compare re-runs: converge the phase once first
                 engine_run(spec, overlay, state, CONVERGE)
@@ -161,13 +178,16 @@ def median(values: list[float]) -> str:
 
 
 def report(results: list[SizeResult], phase: str) -> None:
-    print("\n| nodes | lab up | converge, first run | converge, re-run |\n|---:|---:|---:|---:|")
+    print("\n| nodes | lab up | converge, first run | converge, re-run | re-run host results | re-run s per result |"
+          "\n|---:|---:|---:|---:|---:|---:|")
     for r in results:
         first = f"{r.first_s:.0f} s" + ("" if r.first_status == "passed" else f" ({r.first_status})") \
             if r.first_s is not None else "-"
         rerun = f"{r.rerun_s:.0f} s" + ("" if r.rerun_status == "passed" else f" ({r.rerun_status})") \
             if r.rerun_s is not None else "-"
-        print(f"| {r.nodes} | {r.lab_up_s:.1f} s | {first} | {rerun} |")
+        per = r.rerun_tasks.get("per_result_s", "-")
+        print(f"| {r.nodes} | {r.lab_up_s:.1f} s | {first} | {rerun} | {r.rerun_tasks.get('host_results', '-')} "
+              f"| {per} |")
     for r in results:
         if r.engine_s and r.plain_s:
             ratio = statistics.median(r.engine_s) / statistics.median(r.plain_s)
