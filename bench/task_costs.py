@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,13 +36,14 @@ class TaskCosts:
     phases: dict[str, Cost] = field(default_factory=lambda: defaultdict(Cost))
     actions: dict[str, Cost] = field(default_factory=lambda: defaultdict(Cost))
     tasks: dict[tuple[str, str, str], Cost] = field(default_factory=lambda: defaultdict(Cost))
+    changed: list[str] = field(default_factory=list)  # "phase/role: task" of each changed host result
 
     @property
     def per_result_s(self) -> float:
         return self.total.seconds / self.total.results if self.total.results else 0.0
 
     def summary(self) -> dict[str, float | int]:
-        return {"host_results": self.total.results, "tasks": len(self.tasks),
+        return {"host_results": self.total.results, "tasks": len(self.tasks), "changed": len(self.changed),
                 "host_task_s": round(self.total.seconds, 1), "per_result_s": round(self.per_result_s, 3)}
 
 
@@ -68,13 +69,18 @@ def task_costs(run_dir: Path) -> TaskCosts:
         costs.phases[phase].add(seconds)
         costs.actions[action].add(seconds)
         costs.tasks[(phase, str(data.get("role") or ""), str(data.get("task") or ""))].add(seconds)
+        res = data.get("res")
+        if isinstance(res, dict) and res.get("changed") is True:
+            costs.changed.append(f"{phase}/{data.get('role') or ''}: {data.get('task') or ''}")
     return costs
 
 
 def render(costs: TaskCosts, top: int) -> str:
     s = costs.summary()
-    lines = [f"{s['host_results']} host results of {s['tasks']} tasks, {s['host_task_s']} host-task-s, "
-             f"{s['per_result_s']} s per host result", "by phase:"]
+    lines = [f"{s['host_results']} host results of {s['tasks']} tasks ({s['changed']} changed), "
+             f"{s['host_task_s']} host-task-s, {s['per_result_s']} s per host result"]
+    lines += [f"  changed: {name} x{n}" for name, n in sorted(Counter(costs.changed).items())[:top]]
+    lines.append("by phase:")
     lines += [f"  {name:10} {c.seconds:7.1f} s x{c.results}" for name, c in
               sorted(costs.phases.items(), key=lambda kv: -kv[1].seconds)]
     lines.append("by action:")
