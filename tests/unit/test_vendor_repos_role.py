@@ -7,27 +7,16 @@ from pathlib import Path
 
 import yaml
 from ansible.modules import apt as apt_module
-from ansible.parsing.dataloader import DataLoader
-from ansible.template import Templar, trust_as_template
+
+from tests.unit._role_render import render_role
 
 ROLE = Path(__file__).resolve().parents[2] / "roles" / "vendor_repos"
 
 
-def _render(expr: str, **given: object) -> object:
-    def trusted(value: object) -> object:
-        return trust_as_template(value) if isinstance(value, str) else value
-
-    defaults = yaml.safe_load((ROLE / "defaults" / "main.yml").read_text())
-    role_vars = yaml.safe_load((ROLE / "vars" / "main.yml").read_text())
-    variables = {k: trusted(v) for k, v in {**defaults, **role_vars}.items()}
-    variables["vendor_repos_repos"] = {k: trusted(v) for k, v in role_vars["vendor_repos_repos"].items()}
-    variables.update(given)
-    return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(expr))
-
-
 def test_stale_files_are_every_asc_keyring_and_the_sources_of_repositories_not_named() -> None:
     cuda = {"url": "file:/r", "key": "k", "suite": "/"}
-    stale = _render("{{ vendor_repos_stale_files }}", vendor_repos_cuda=cuda, vendor_repos_file_prefix="site")
+    stale = render_role("vendor_repos", "{{ vendor_repos_stale_files }}", vendor_repos_cuda=cuda,
+                        vendor_repos_file_prefix="site")
     assert stale == [f"/etc/apt/keyrings/site-{k}.asc" for k in ("cuda", "doca", "os", "slurm", "nhc")] + \
         [f"/etc/apt/sources.list.d/site-{k}.sources" for k in ("doca", "os", "slurm", "nhc")]
 
