@@ -1,12 +1,16 @@
 #!/usr/bin/python3
 """Print, as one JSON object, what is installed on this node (the provisioner manifest role's gatherer).
 
-Read-only: it runs dpkg-query, apt-mark, apt-config, ofed_info and lsmod and reads /etc/os-release, /proc and
-/sys/class/infiniband. Every value comes from the node itself, never from the cluster spec, so that
+It runs dpkg-query, apt-mark, apt-config, ofed_info and lsmod and reads /etc/os-release, /proc and
+/sys/class/infiniband, all read-only. Every value comes from the node itself, never from the cluster spec, so that
 comparing manifests across nodes (and with the spec) shows what really is there. The output has no
 timestamp: the same node state always gives the same bytes, which keeps the role idempotent.
 
-Usage: manifest_gather.py [--module-regex REGEX] [--mlxconfig-key KEY]... PATTERN...   (dpkg-query name patterns)
+Usage: manifest_gather.py [--module-regex REGEX] [--mlxconfig-key KEY]... [--write PATH [--time-path PATH]
+                          [--check]] PATTERN...   (dpkg-query name patterns)
+With --write (the role's one task per phase), the manifest also goes to PATH (root, 0644, its folder root 0755)
+when its bytes or those owners and modes differ, the UTC time of that change to --time-path, and what is printed
+is {"changed": bool, "manifest": {...}}; --check (Ansible's check mode) writes nothing and says what would change.
 With --mlxconfig-key (the parameters the spec pins), each device's next-boot values of those keys are recorded
 from ``mlxconfig -d DEV query KEY...`` (none when mlxconfig is missing or fails: drift then names them unread).
 Standard library only (runs with the node's python3).
@@ -19,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 SCHEMA = 1
 SYSFS_IB = "/sys/class/infiniband"
@@ -179,16 +184,87 @@ def cgroup(mountinfo: str | None = None) -> str | None:
     return None
 
 
-def main(argv: list[str]) -> int:
-    regex = r"^(nvidia|nvidia_[a-z_]+|ib_[a-z_]+|mlx5_[a-z_]+)$"
+def manifest_text(doc: dict[str, object]) -> str:
+    """The file's bytes: what Ansible's to_nice_json(indent=2, sort_keys=true) gave, so no node rewrites it."""
+    return json.dumps(doc, indent=2, sort_keys=True, separators=(",", ": ")) + "\n"
+
+
+def _not_owned(path: str, mode: int) -> bool:
+    st = os.stat(path)
+    return (st.st_uid, st.st_gid, st.st_mode & 0o7777) != (0, 0, mode)
+
+
+def _own(path: str, mode: int, check: bool) -> bool:
+    """Make `path` root's with `mode` unless it is (or, with `check`, only say so); whether it was not."""
+    if not _not_owned(path, mode):
+        return False
+    if not check:
+        os.chown(path, 0, 0)
+        os.chmod(path, mode)
+    return True
+
+
+def write_if_changed(path: str, text: str, mode: int = 0o644, check: bool = False) -> bool:
+    """Write `text` to `path` (a temporary file renamed over it) unless it holds it already; then make it root's
+    with `mode`. Whether anything changed (with `check`: would change; nothing is written)."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            if f.read() == text:
+                return _own(path, mode, check)
+    except (OSError, UnicodeDecodeError):
+        pass
+    if check:
+        return True
+    tmp = f"{path}.tmp-{os.getpid()}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, mode)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    _own(tmp, mode, False)  # the umask narrowed what os.open made
+    os.replace(tmp, path)
+    return True
+
+
+def record(doc: dict[str, object], path: str, time_path: str | None, check: bool) -> bool:
+    """The manifest to `path` (its folder made root's 0755 first) and, when it changed, the time to `time_path`.
+    Whether anything changed (with `check`: would change)."""
+    folder = os.path.dirname(path) or "."
+    if not os.path.isdir(folder):
+        if check:
+            return True
+        os.makedirs(folder, mode=0o755)
+    changed = _own(folder, 0o755, check)
+    if write_if_changed(path, manifest_text(doc), check=check):
+        changed = True
+        if time_path and not check:
+            write_if_changed(time_path, time.strftime("%Y-%m-%dT%H:%M:%SZ\n", time.gmtime()))
+    return changed
+
+
+def parse_args(argv: list[str]) -> tuple[dict[str, str], list[str], list[str]]:
+    """({--module-regex, --write, --time-path, --check: value}, mlxconfig keys, package patterns)."""
+    opts = {"--module-regex": r"^(nvidia|nvidia_[a-z_]+|ib_[a-z_]+|mlx5_[a-z_]+)$"}
     args = list(argv)
     mlx_keys: list[str] = []
-    while len(args) >= 2 and args[0] in ("--module-regex", "--mlxconfig-key"):
-        if args[0] == "--module-regex":
-            regex = args[1]
+    while args and args[0] in ("--module-regex", "--mlxconfig-key", "--write", "--time-path", "--check"):
+        if args[0] == "--check":
+            opts["--check"] = "1"
+            args = args[1:]
+            continue
+        if len(args) < 2:
+            break
+        if args[0] != "--mlxconfig-key":
+            opts[args[0]] = args[1]
         elif re.fullmatch(r"[A-Z][A-Z0-9_]{1,63}", args[1]):
             mlx_keys.append(args[1])
         args = args[2:]
+    return opts, mlx_keys, args
+
+
+def main(argv: list[str]) -> int:
+    opts, mlx_keys, args = parse_args(argv)
+    regex = opts["--module-regex"]
     installed, managed_held = packages(args)
     held = sorted(set(holds()) | set(managed_held))
     doc = {
@@ -204,7 +280,11 @@ def main(argv: list[str]) -> int:
         "hcas": hcas(mlx_keys),
         "cgroup": cgroup(),
     }
-    json.dump(doc, sys.stdout, sort_keys=True)
+    if "--write" in opts:
+        changed = record(doc, opts["--write"], opts.get("--time-path"), "--check" in opts)
+        json.dump({"changed": changed, "manifest": doc}, sys.stdout, sort_keys=True)
+    else:
+        json.dump(doc, sys.stdout, sort_keys=True)
     sys.stdout.write("\n")
     return 0
 
