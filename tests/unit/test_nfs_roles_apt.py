@@ -1,4 +1,4 @@
-"""nfs_client's one apt call: the package list it installs for each combination the three tasks covered."""
+"""nfs_client and nfs_server: one apt call each where there were several, installing what those did."""
 
 from __future__ import annotations
 
@@ -35,3 +35,14 @@ def test_one_apt_call_installs_what_the_three_did(install: bool, userspace: bool
                       nfs_client_rdma_packages=["mlnx-nfsrdma-dkms"])
     assert got == expected
     assert "nfs_client_apt_packages | length > 0" in task["when"]  # nothing to install: no apt call at all
+
+
+@pytest.mark.parametrize(("rdma", "expected"), [(False, ["nfs-kernel-server"]),
+                                               (True, ["nfs-kernel-server", "mlnx-nfsrdma-dkms"])])
+def test_the_kernel_server_and_its_rdma_modules_are_one_apt_call(rdma: bool, expected: list) -> None:
+    tasks = yaml.safe_load((TASKS.parents[2] / "nfs_server" / "tasks" / "kernel.yml").read_text())
+    apts = [t for t in tasks if "ansible.builtin.apt" in t]
+    assert len(apts) == 1
+    got = render_role("nfs_server", apts[0]["ansible.builtin.apt"]["name"], vars_files=("Debian.yml",),
+                      nfs_server_rdma=rdma, nfs_server_rdma_packages=["mlnx-nfsrdma-dkms"])
+    assert got == expected
