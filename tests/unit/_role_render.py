@@ -22,11 +22,14 @@ def _trusted(value: Any) -> Any:
     return value
 
 
-def render_role(role: str, expr: str, *, vars_files: tuple[str, ...] = ("main.yml",), **given: Any) -> Any:
-    """`expr` rendered with `role`'s defaults, then its vars/`vars_files` in order, then `given` (data, as is)."""
+def render_role(role: str, expr: str, *, vars_files: tuple[str, ...] = ("main.yml",),
+                task_vars: dict[str, Any] | None = None, **given: Any) -> Any:
+    """`expr` rendered with `role`'s defaults, then its vars/`vars_files` in order, then a task's `task_vars`
+    (templates, as the role's own are), then `given` (data, as is)."""
     variables: dict[str, Any] = {}
     for path in [ROLES / role / "defaults" / "main.yml"] + [ROLES / role / "vars" / f for f in vars_files]:
         if path.is_file():
             variables.update(_trusted(yaml.safe_load(path.read_text(encoding="utf-8")) or {}))
+    variables.update(_trusted(task_vars or {}))
     variables.update(given)
     return Templar(loader=DataLoader(), variables=variables).template(trust_as_template(expr))
