@@ -1,4 +1,4 @@
-"""nfs_client and nfs_server: one apt call each where there were several, installing what those did."""
+"""Roles with one apt call where they had several (nfs_client, nfs_server, nccl): each installs what those did."""
 
 from __future__ import annotations
 
@@ -46,3 +46,21 @@ def test_the_kernel_server_and_its_rdma_modules_are_one_apt_call(rdma: bool, exp
     got = render_role("nfs_server", apts[0]["ansible.builtin.apt"]["name"], vars_files=("Debian.yml",),
                       nfs_server_rdma=rdma, nfs_server_rdma_packages=["mlnx-nfsrdma-dkms"])
     assert got == expected
+
+
+@pytest.mark.parametrize(("mpi", "from_source", "expected"), [
+    (True, True, ["openmpi-bin"]),
+    (True, False, ["openmpi-bin", "nccl-tests=2.13.10-1+cuda12.4"]),
+    (False, False, ["nccl-tests=2.13.10-1+cuda12.4"]),
+    (False, True, []),
+])
+def test_the_mpi_and_a_site_built_nccl_tests_are_one_apt_call(mpi: bool, from_source: bool, expected: list) -> None:
+    install = yaml.safe_load((TASKS.parents[2] / "nccl" / "tasks" / "install.yml").read_text())
+    task = next(t for t in install if t.get("vars", {}).get("nccl_apt_packages"))
+    assert task["when"] == "nccl_apt_packages | length > 0" and task["ansible.builtin.apt"]["allow_downgrade"]
+    got = render_role("nccl", task["vars"]["nccl_apt_packages"], vars_files=("Debian.yml",),
+                      nccl_mpi_install=mpi, nccl_tests_install=True, nccl_tests_build_from_source=from_source,
+                      nccl_tests_package="nccl-tests", nccl_tests_package_version="2.13.10-1+cuda12.4")
+    assert got == expected
+    names = [t["ansible.builtin.apt"]["name"] for t in install if "ansible.builtin.apt" in t]
+    assert "{{ nccl_mpi_packages }}" not in names and len(names) == 3  # NCCL pinned, this one, the MPI headers
