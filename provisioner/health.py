@@ -8,7 +8,8 @@ What each check reads and why it is enough to take a node out of service:
 * **ECC**: the same query's ``ecc.errors.uncorrected.volatile.total``: an uncorrectable error since the driver
   loaded means the GPU returned wrong data (``[N/A]``: ECC off or not supported, not an error).
 * **Xid**: ``NVRM: Xid (PCI:<bus>): <code>, ...`` lines in the kernel log (``dmesg``) whose code NVIDIA lists as a
-  hardware or GPU-reset condition (:data:`CRITICAL_XIDS`); application Xids (13, 31, 43, ...) are ignored.
+  hardware or GPU-reset condition (:data:`provisioner.fabric.xid.CRITICAL_XIDS`, which verify judges too);
+  application Xids (13, 31, 43, ...) are ignored.
 * **Ports**: ``ibstat``: every port the spec expects is Active/LinkUp at its rate and width
   (:func:`provisioner.fabric.links.port_findings`, the verify check's own rules).
 * **peermem**: ``lsmod`` lists nvidia_peermem on GPU nodes with rail HCAs
@@ -21,12 +22,12 @@ A node that does not answer SSH is unhealthy too ("unreachable"): its jobs are l
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from provisioner.errors import ParseError
 from provisioner.fabric import gpudirect, links
+from provisioner.fabric.xid import CRITICAL_XIDS, Xid, parse_xids
 from provisioner.parsers import parse
 from provisioner.remote import Completed, Remote
 from provisioner.spec.cluster import Cluster, Node
@@ -41,31 +42,8 @@ PROBE = (
     f"echo '{_MARK} lsmod'; lsmod 2>&1; true"
 )
 """A constant script (no spec value in it): the four readings, each after its marker line."""
-
-CRITICAL_XIDS: dict[int, str] = {
-    48: "double bit ECC error",
-    62: "internal micro-controller halt",
-    63: "ECC page retirement or row remapping recording event",
-    64: "ECC page retirement or row remapper recording failure",
-    74: "NVLink error",
-    79: "GPU has fallen off the bus",
-    92: "high single-bit ECC error rate",
-    94: "contained ECC error",
-    95: "uncontained ECC error",
-    119: "GSP RPC timeout",
-    120: "GSP error",
-    140: "unrecovered ECC error",
-}
-"""Xids NVIDIA's Xid catalog (docs.nvidia.com/deploy/xid-errors) attributes to hardware or that need a GPU reset
-or node reboot; a node logging one is taken out of service."""
-_XID = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+),\s*(.*)$")
-
-
-@dataclass(frozen=True)
-class Xid:
-    pci: str
-    code: int
-    text: str
+__all__ = ["CRITICAL_XIDS", "PROBE", "NodeHealth", "Xid", "check_nodes", "judge", "parse_gpu_query", "parse_xids",
+           "split_probe"]
 
 
 @dataclass
@@ -95,16 +73,6 @@ def split_probe(stdout: str) -> dict[str, str]:
         elif name is not None:
             out[name] += line
     return out
-
-
-def parse_xids(text: str) -> list[Xid]:
-    """``NVRM: Xid`` lines of a kernel log (dmesg, with or without its time prefix)."""
-    found: list[Xid] = []
-    for line in text.splitlines():
-        m = _XID.search(line)
-        if m:
-            found.append(Xid(m.group(1), int(m.group(2)), m.group(3).strip()))
-    return found
 
 
 def parse_gpu_query(text: str) -> tuple[int | None, list[tuple[str, int | None]], str | None]:

@@ -46,6 +46,7 @@ from provisioner.fabric import (
     switchports,
     tune,
     versions,
+    xid,
 )
 from provisioner.fabric.findings import CheckResult, Finding, Value
 from provisioner.fabric.nccl import NcclRunner
@@ -361,7 +362,10 @@ class _Verifier:
 
     def _gpudirect(self, cluster: Cluster, numactl: Mapping[str, bool], mode: str | None) -> list[CheckResult]:
         nodes = [n.name for n in gpudirect.gpu_nodes(cluster)]
-        lsmod = {n: _parsed("lsmod", d)[0] for n, d in self.on_all(["lsmod"], nodes).items()}
+        node_probe = self.on_all(["sh", "-c", gpudirect.NODE_PROBE], nodes)
+        lsmod = {n: _parsed("lsmod", d._replace(stdout=xid.split_probe(d.stdout)[0]))[0]
+                 for n, d in node_probe.items()}
+        kernel_logs = [xid.node_result(n, d) for n, d in sorted(node_probe.items())]
         smi = self.on_all(["nvidia-smi", "topo", "-m"], nodes)
         topo = {n: _parsed("nvidia-smi-topo", d)[0] for n, d in smi.items()}
         probe = self.on_all(["sh", "-c", gpudirect.PERFTEST_PROBE], nodes)
@@ -371,7 +375,7 @@ class _Verifier:
         runner = bandwidth.ssh_runner(self.remote, cluster, numactl, settings, use_cuda=True,
                                       cuda_gpu=gpudirect.nic_gpus(cluster, topo),
                                       cuda_dmabuf=gpudirect.dmabuf_mode(cluster))
-        return gpudirect.check_gpudirect(cluster, lsmod, topo, runner, mode, perftest)
+        return kernel_logs + gpudirect.check_gpudirect(cluster, lsmod, topo, runner, mode, perftest)
 
     def dcgm_check(self) -> None:
         """``dcgmi diag`` on the GPU nodes not running jobs; the NVSwitch fabric state on every NVSwitch node (reading

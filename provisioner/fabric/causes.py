@@ -5,6 +5,9 @@ crawls on every rail of it and NCCL's follow-up names it slow. Judged on their o
 read "port is bad ... reseat or swap the cable and transceiver" for each rail, next to the module error: a technician
 would pull good cables. The same holds for a GPU that fell off the bus (fewer GPUs in ``nvidia-smi topo -m``).
 
+A critical Xid in the node's kernel log (:mod:`provisioner.fabric.xid`: the GPU fell off the bus, an uncorrectable
+ECC error, an NVLink or GSP error) is one too, and the one named when the node has several.
+
 The host-side causes are the node-level errors (no device named) of the gpudirect check (the module, the GPU
 count), of the dcgm check (a test DCGM's diagnostic failed) and of the NVSwitch fabric state (fabric manager), and
 every error of the pcie check on the node (a GPU or HCA trained below its PCIe link, ACS redirecting peer-to-peer
@@ -20,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from provisioner.fabric import dcgm, gpudirect, nccl_node, pcie
+from provisioner.fabric import dcgm, gpudirect, nccl_node, pcie, xid
 from provisioner.fabric.findings import CheckResult, Finding
 from provisioner.fabric.schedule import CHECK_NAME
 
@@ -35,19 +38,20 @@ PAIRWISE = CHECK_NAME
 
 
 def is_host_cause(f: Finding) -> bool:
-    """An error of a :data:`CAUSE_RESULTS` check on a node as a whole, or any error of the pcie check on a node."""
+    """An error of a :data:`CAUSE_RESULTS` check on a node as a whole, or any error of the pcie or xid check on a
+    node (those name the GPU or HCA at fault)."""
     if f.severity != "error" or not f.node:
         return False
-    return (f.check in CAUSE_RESULTS and f.device is None) or f.check == pcie.CHECK
+    return (f.check in CAUSE_RESULTS and f.device is None) or f.check in (pcie.CHECK, xid.CHECK)
 
 
 def host_causes(checks: Sequence[CheckResult]) -> dict[str, Finding]:
-    """node -> its first host-side cause (:func:`is_host_cause`)."""
+    """node -> its host-side cause (:func:`is_host_cause`): a critical Xid first (it says why: a GPU missing from
+    nvidia-smi is the effect of the Xid 79 that took it off the bus), else the first one."""
     causes: dict[str, Finding] = {}
-    for check in checks:
-        for f in check.findings:
-            if is_host_cause(f):
-                causes.setdefault(str(f.node), f)
+    found = [f for check in checks for f in check.findings if is_host_cause(f)]
+    for f in sorted(found, key=lambda f: f.check != xid.CHECK):
+        causes.setdefault(str(f.node), f)
     return causes
 
 

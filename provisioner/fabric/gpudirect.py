@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from provisioner.fabric import bandwidth
+from provisioner.fabric import bandwidth, xid
 from provisioner.fabric.findings import CheckResult, Finding, Severity
 from provisioner.fabric.perftest import PairRun
 from provisioner.fabric.schedule import PairResult, verdict_findings
@@ -32,6 +32,9 @@ PEERMEM = "nvidia_peermem"
 #: (server, client, rail) → outcome of ``ib_write_bw --use_cuda`` on that rail's GPU–NIC pair.
 GdrRunner = Callable[[str, str, int], PairRun]
 
+NODE_PROBE = f"lsmod; rc=$?; {xid.PROBE_SECTIONS}; exit $rc"
+"""What the check reads on each GPU node in one round trip: ``lsmod`` (nvidia_peermem), then the GPUs' bus ids and
+the kernel log's Xid lines for the :mod:`provisioner.fabric.xid` results (a GPU that fell off the bus, ECC)."""
 PERFTEST_PROBE = 'b=$(command -v ib_write_bw) || exit 127; echo "$b"; "$b" --help 2>&1'
 """The binary the check will run (first on root's PATH) and its usage, which lists the CUDA options it has."""
 INSTALL_HINT = ("install a perftest built with CUDA on the GPU nodes (the perftest_cuda role builds the pinned "

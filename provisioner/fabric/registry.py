@@ -128,7 +128,7 @@ def _gpudirect_label(cluster: Cluster, mode: str | None) -> str:
     from provisioner.fabric import gpudirect
 
     return ("gpudirect: " + ("DMA-BUF" if gpudirect.dmabuf_mode(cluster) else "nvidia_peermem")
-            + ", GPU–NIC affinity, ib_write_bw --use_cuda")
+            + ", GPU–NIC affinity, Xids in the kernel log, ib_write_bw --use_cuda")
 
 
 CHECKS: tuple[Check, ...] = (
@@ -164,8 +164,8 @@ CHECKS: tuple[Check, ...] = (
     Check("bandwidth", "provisioner.fabric.bandwidth", ("bandwidth", "fabric_load"),
           "ib_write_bw per rail between pairs, then every port at once",
           _bandwidth_label, traffic=True, day2="together"),
-    Check("gpudirect", "provisioner.fabric.gpudirect", ("gpudirect", "gpudirect_bandwidth"),
-          "GPUDirect RDMA loaded, GPU–NIC affinity, ib_write_bw --use_cuda",
+    Check("gpudirect", "provisioner.fabric.gpudirect", ("gpudirect", "gpudirect_bandwidth", "xid"),
+          "GPUDirect RDMA, GPU–NIC affinity, ib_write_bw --use_cuda, Xids",
           _gpudirect_label, traffic=True, day2="pair"),
     Check("nccl", "provisioner.fabric.nccl", ("nccl", "nccl_node", "nccl_container"),
           "all_reduce_perf in each GPU node (NVLink), then across the nodes",
