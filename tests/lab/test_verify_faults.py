@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shlex
 import shutil
 import time
@@ -221,7 +222,7 @@ def test_healthy_lab_passes_every_check(labc: Lab, tmp_path: Path) -> None:
     assert not serious(run), show(serious(run))
     ran = {c.name for c in run.report.checks}
     assert {"links", "versions", "subnet_manager", "ipoib", "bandwidth", "gpudirect", "gpudirect_bandwidth", "nccl",
-            "cabling", "switch_links", "switch_ports", "fabric_load", "pcie", "memlock"} <= ran, ran
+            "cabling", "switch_links", "switch_ports", "fabric_load", "pcie", "memlock", "xid"} <= ran, ran
     memlock = {c.node: c.measurements for c in run.report.checks if c.name == "memlock"}
     assert sorted(memlock) == list(GPU_NODES) and all(m["via"] == "runuser login" for m in memlock.values()), memlock
     load = next(c for c in run.report.checks if c.name == "fabric_load")
@@ -308,6 +309,43 @@ def test_gpu_missing_is_named_by_gpudirect(labc: Lab) -> None:
     gdr = errors_of(run, "gpudirect_bandwidth")
     assert {(f.node, f.device, f.rail) for f in gdr} == {("gpu02", "mlx5_1", 1)}, show(gdr)
     assert_only_blamed(run, {"gpu02"})
+
+
+CABLE_WORDS = re.compile(r"\b(cables?|ports?|transceivers?)\b", re.IGNORECASE)
+
+
+def test_critical_xids_are_named_as_the_host_side_cause_and_no_cable(labc: Lab) -> None:
+    """gpu_missing on gpu02 logs Xid 79 (its GPU1 leaves nvidia-smi), ecc_error on gpu03 logs Xid 48 (its GPU0
+    stays): verify's xid check names each node, GPU, code and NVIDIA's meaning with the catalog's action, gpu02's
+    GPUDirect findings fold under its Xid, and no finding on either node speaks of a cable, port or transceiver
+    (the fold's own "not a port or cable ... no cable, transceiver or switch port is suspected" aside, checked as
+    for peermem_missing)."""
+    inject(labc, "gpu02", "gpu_missing")
+    inject(labc, "gpu03", "ecc_error", index=0)
+    try:
+        run = verify(labc.cluster, tests=["gpudirect"], write=False)
+    finally:
+        clear(labc, "gpu02", "gpu_missing")
+        clear(labc, "gpu03", "ecc_error")
+    found = errors_of(run, "xid")
+    assert [(f.node, f.device, f.observed) for f in found] == [
+        ("gpu02", None, "Xid 79"), ("gpu03", "gpu0", "Xid 48")], show(run.report.findings())
+    gone, dbe = found
+    assert "(not listed by nvidia-smi) logged Xid 79: GPU has fallen off the bus" in gone.message, gone.message
+    assert "gpu0 (PCI " in dbe.message and "logged Xid 48: double bit ECC error" in dbe.message, dbe.message
+    assert "reboot the node" in gone.hint and "nvidia-smi -r -i 0" in dbe.hint
+    gdr = [f for f in serious(run) if f.check == "gpudirect_bandwidth"]
+    assert {(f.node, f.device) for f in gdr} == {("gpu02", "mlx5_1")}, show(gdr)
+    for f in serious(run):
+        if f.node not in ("gpu02", "gpu03"):
+            continue
+        if f.check == "gpudirect_bandwidth":
+            assert "host-side cause, not a port or cable: gpu02: the GPU at PCI " in f.message, show([f])
+            assert "reboot the node" in f.hint, show([f])
+        else:
+            assert not CABLE_WORDS.search(f"{f.message} {f.hint}"), show([f])
+    assert run.exit_code == 1
+    assert_only_blamed(run, {"gpu02", "gpu03"})
 
 
 def test_pcie_degraded_and_acs_enabled_are_named_by_pcie_as_host_side(labc: Lab) -> None:
