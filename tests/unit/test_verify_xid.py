@@ -139,3 +139,39 @@ def test_verify_reads_each_gpu_nodes_kernel_log_in_the_gpudirect_probe_and_fails
     probes = [h for h, a in remote.calls if a == ("sh", "-c", gpudirect.NODE_PROBE)]
     assert probes == ["gpu01", "gpu02", "gpu03", "gpu04"]  # one probe per GPU node carries lsmod and the log
     assert not [a for _, a in remote.calls if a[0] in ("lsmod", "dmesg")], "no round trip of their own"
+
+
+def test_the_labs_gpu_faults_log_what_the_probe_reads_and_judges(tmp_path: Path) -> None:
+    """gpu_missing and ecc_error on the lab's simulated 8-GPU node (test_simtools_host's): NODE_PROBE itself, run by
+    sh with the lab's nvidia-smi and dmesg on the PATH, gives the Xid 79 of the GPU gone from nvidia-smi and the
+    Xid 48 of gpu0, which the lab test (tests/lab/test_verify_faults.py) then proves over SSH."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from provisioner.lab import faults
+    from tests.unit.test_simtools_host import SIMTOOLS
+    from tests.unit.test_simtools_host import lab as lab_fixture
+
+    lab = lab_fixture.__wrapped__(tmp_path)  # type: ignore[attr-defined]
+    path = lab / "root/nodes/gpu01/node.json"
+    node = json.loads(path.read_text())
+    faults.apply_fault(node, "gpu_missing", {"index": 3})
+    faults.apply_fault(node, "ecc_error", {"index": 0, "count": 1})
+    path.write_text(json.dumps(node))
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("nvidia-smi", "dmesg"):
+        (bin_dir / tool).write_text(f'#!/bin/sh\nexec {sys.executable} {SIMTOOLS / tool} "$@"\n')
+    (bin_dir / "lsmod").write_text("#!/bin/sh\nprintf 'Module                  Size  Used by\\n'\n")
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "PROVISIONER_LAB_ROOT": str(lab / "root"),
+           "PROVISIONER_LAB_HOST": "gpu01", "PROVISIONER_LAB_SYSROOT": str(lab / "sys")}
+    done = subprocess.run(["sh", "-c", gpudirect.NODE_PROBE], capture_output=True, text=True, env=env, check=False)
+    result = xid.node_result("gpu01", Completed(done.returncode, done.stdout, done.stderr))
+    assert [(f.device, f.observed) for f in _errors(result.findings)] == [("gpu0", "Xid 48"), (None, "Xid 79")], \
+        done.stdout
+    assert "the GPU at PCI 0000:48:00 (not listed by nvidia-smi) logged Xid 79" in result.findings[1].message
+    assert xid.split_probe(done.stdout)[0].startswith("Module")  # lsmod's part stays whole for its parser
