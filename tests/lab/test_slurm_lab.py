@@ -9,6 +9,7 @@ The tests share one lab and one state directory and run in file order:
    registered with slurmctld and in no partition; its verification ran NCCL as an srun step over the partition
    with a job holding gpu01, verification sends it no traffic (its results could not run, naming the job), and
    `--include-busy` finds srun refusing the busy node, the job untouched either way;
+   with a job holding gpu02, `verify --only dcgm` and `provision tune` could not run there, naming the job;
 2. the driver pin moves to the lab's newer release and ``--rolling --batch 1`` runs with a job sleeping on gpu01
    and gpu01's mlx5_1 link trained at 2X: the spare's batch passes; gpu01's batch drains it, waits for the job to
    end (the job completes, it is not killed), converges, fails verification and stops there, gpu01 drained with
@@ -177,6 +178,33 @@ def test_verify_starts_nccl_with_srun_and_a_busy_node_leaves_it_unproven(
     deadline = time.monotonic() + 60
     while node_state("gpu01")["State"] != "IDLE":
         assert time.monotonic() < deadline, node_state("gpu01")
+        time.sleep(0.5)
+
+
+def test_dcgm_and_tune_on_a_node_running_a_job_could_not_run_naming_the_job(
+        lab: Lab, capsys: pytest.CaptureFixture[str]) -> None:
+    """A job holds gpu02: `verify --only dcgm` runs no diagnostic there (it loads the GPUs) and reports gpu02's dcgm
+    as could not run naming the job, never passed and never a hardware fault; `provision tune` leaves gpu02 out,
+    naming the job, and with no two nodes of a partition left it could not run. Neither touches the job."""
+    held = submit("gpu02", "sleep 600")
+    try:
+        rc, out = provision(lab, capsys, "verify", "--only", "dcgm")
+        assert rc == 2, out[-3000:]
+        assert re.search(rf"^NOT RUN dcgm gpu02: Slurm runs job {held} on gpu02", out, re.M), out[-3000:]
+        report = json.loads((lab.state / "verify" / "latest" / "report.json").read_text(encoding="utf-8"))
+        mine = [c for c in report["checks"] if c["node"] == "gpu02" and c["name"] == "dcgm"]
+        assert len(mine) == 1 and not mine[0]["passed"] and f"job {held}" in mine[0]["error"], mine
+        assert not [f for c in report["checks"] for f in c["findings"]
+                    if f["node"] == "gpu02" and f["severity"] == "error"], report["checks"]
+        rc, out = provision(lab, capsys, "tune", "--knobs", "NCCL_ALGO", "--repeats", "2")
+        assert rc == 2, out[-3000:]
+        assert re.search(rf"^NOT RUN tune: .*gpu02: Slurm runs job {held} on gpu02", out, re.M), out[-3000:]
+        assert job(held)["JobState"] == "RUNNING", job(held)
+    finally:
+        sh("sm1", f"scancel {held}")
+    deadline = time.monotonic() + 60
+    while node_state("gpu02")["State"] != "IDLE":
+        assert time.monotonic() < deadline, node_state("gpu02")
         time.sleep(0.5)
 
 
