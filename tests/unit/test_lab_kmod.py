@@ -65,3 +65,21 @@ def test_scripts_end_to_end(tmp_path: Path) -> None:
     assert "nvidia_peermem" in _run("lsmod", [], tmp_path, modules).stdout
     assert _run("rmmod", ["nvidia_peermem"], tmp_path, modules).returncode == 0
     assert labstate.load_modules(str(tmp_path), "gpu01") == ["ib_core"]
+
+
+def test_the_nodes_dmesg_prints_the_fault_injectors_xid_lines_beside_the_module_loaders(tmp_path: Path) -> None:
+    """The lab layer's dmesg (this script, /usr/local/sbin, first on root's PATH) is the node's one kernel log: the
+    module loader's lines and the Xid lines gpu_missing/ecc_error write to node.json's kernel_log, in time order.
+    It printed only the loader's, so verify's xid check over SSH saw no Xid in the fault lab."""
+    from provisioner.lab import faults
+    from provisioner.lab.simtools import labkernel
+
+    modules = tmp_path / "lib-modules"
+    modules.mkdir()
+    node = {"hostname": "gpu01", "gpus": [{"index": 0, "pci_bus_id": "00000000:18:00.0", "present": True}]}
+    node["kernel_log"] = [{"t": 5.0, "msg": faults.xid_line(node["gpus"][0], 79)}]
+    labstate.save_node(str(tmp_path), node)
+    labkernel.append_dmesg(str(tmp_path), "gpu01", ["nvidia-peermem: loading out-of-tree module"])
+    out = _run("dmesg", [], tmp_path, modules).stdout
+    assert "NVRM: Xid (PCI:0000:18:00): 79, pid='<unknown>', name=<unknown>, GPU has fallen off the bus." in out, out
+    assert "nvidia-peermem: loading out-of-tree module" in out and out.index("NVRM: Xid") < out.index("peermem"), out

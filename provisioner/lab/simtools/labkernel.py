@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 import zlib
 from collections.abc import Iterable, Mapping
@@ -194,8 +195,23 @@ def append_dmesg(root: str, host: str, lines: Iterable[str]) -> None:
 
 
 def read_dmesg(root: str, host: str) -> str:
+    """The node's one simulated kernel log, as dmesg prints it (``[<seconds since boot, 12.6f>] <message>``): the
+    module loader's lines (:func:`append_dmesg`) and the fault injector's (node.json ``kernel_log``: the Xid lines
+    of gpu_missing and ecc_error), in time order."""
+    stamped: list[tuple[float, str]] = []
     try:
         with open(os.path.join(labstate.node_dir(root, host), DMESG_FILE), encoding="utf-8") as handle:
-            return handle.read()
+            for line in handle.read().splitlines():
+                m = _STAMP.match(line)
+                stamped.append((float(m.group(1)) if m else (stamped[-1][0] if stamped else 0.0), line))
     except FileNotFoundError:
-        return ""
+        pass
+    try:
+        entries = labstate.load_node(root, host).get("kernel_log", [])
+    except FileNotFoundError:
+        entries = []
+    stamped += [(float(e.get("t", 0)), f"[{float(e.get('t', 0)):12.6f}] {e.get('msg', '')}") for e in entries]
+    return "".join(line + "\n" for _, line in sorted(stamped, key=lambda s: s[0]))
+
+
+_STAMP = re.compile(r"^\[\s*(\d+(?:\.\d+)?)\]")
