@@ -17,8 +17,9 @@ def test_stale_files_are_every_asc_keyring_and_the_sources_of_repositories_not_n
     cuda = {"url": "file:/r", "key": "k", "suite": "/"}
     stale = render_role("vendor_repos", "{{ vendor_repos_stale_files }}", vendor_repos_cuda=cuda,
                         vendor_repos_file_prefix="site")
-    assert stale == [f"/etc/apt/keyrings/site-{k}.asc" for k in ("cuda", "doca", "os", "slurm", "nhc")] + \
-        [f"/etc/apt/sources.list.d/site-{k}.sources" for k in ("doca", "os", "slurm", "nhc")]
+    others = ("doca", "os", "slurm", "nhc", "containers")
+    assert stale == [f"/etc/apt/keyrings/site-{k}.asc" for k in ("cuda", *others)] + \
+        [f"/etc/apt/sources.list.d/site-{k}.sources" for k in others]
 
 
 def test_the_find_removes_only_the_stale_paths_it_found() -> None:
