@@ -106,6 +106,14 @@ def job(job_id: str) -> dict[str, str]:
     return dict(re.findall(r"(\w+)=(\S*)", sh("sm1", f"scontrol show job {shlex.quote(job_id)}")))
 
 
+def wait_idle(node: str, deadline_s: float = 60.0) -> None:
+    """Wait until Slurm has the node IDLE again (a cancelled job's node passes through COMPLETING)."""
+    deadline = time.monotonic() + deadline_s
+    while node_state(node)["State"] != "IDLE":
+        assert time.monotonic() < deadline, node_state(node)
+        time.sleep(0.5)
+
+
 def submit(node: str, script: str) -> str:
     """A job running SCRIPT on NODE, started (RUNNING) before this returns."""
     job_id = sh("sm1", f"sbatch --parsable -p gpu -w {node} -o /dev/null --wrap {shlex.quote(script)}").strip()
@@ -175,10 +183,7 @@ def test_verify_starts_nccl_with_srun_and_a_busy_node_leaves_it_unproven(
         assert job(held)["JobState"] == "RUNNING", job(held)  # verification did not touch the job
     finally:
         sh("sm1", f"scancel {held}")
-    deadline = time.monotonic() + 60
-    while node_state("gpu01")["State"] != "IDLE":
-        assert time.monotonic() < deadline, node_state("gpu01")
-        time.sleep(0.5)
+    wait_idle("gpu01")
 
 
 def test_dcgm_and_tune_on_a_node_running_a_job_could_not_run_naming_the_job(
@@ -202,10 +207,7 @@ def test_dcgm_and_tune_on_a_node_running_a_job_could_not_run_naming_the_job(
         assert job(held)["JobState"] == "RUNNING", job(held)
     finally:
         sh("sm1", f"scancel {held}")
-    deadline = time.monotonic() + 60
-    while node_state("gpu02")["State"] != "IDLE":
-        assert time.monotonic() < deadline, node_state("gpu02")
-        time.sleep(0.5)
+    wait_idle("gpu02")
 
 
 def test_rolling_driver_change_waits_for_the_job_stops_at_a_failing_batch_and_resumes(
