@@ -29,7 +29,7 @@ from provisioner.errors import ParseError
 from provisioner.fabric import gpudirect, links
 from provisioner.fabric.xid import CRITICAL_XIDS, Xid, parse_xids
 from provisioner.parsers import parse
-from provisioner.remote import Completed, Remote
+from provisioner.remote import Completed, Remote, split_sections
 from provisioner.spec.cluster import Cluster, Node
 
 TIMEOUT_S = 20.0
@@ -64,15 +64,7 @@ class NodeHealth:
 
 def split_probe(stdout: str) -> dict[str, str]:
     """The probe's output by section (gpus, xid, ibstat, lsmod)."""
-    out: dict[str, str] = {}
-    name: str | None = None
-    for line in stdout.splitlines(keepends=True):
-        if line.startswith(_MARK):
-            name = line[len(_MARK):].strip()
-            out[name] = ""
-        elif name is not None:
-            out[name] += line
-    return out
+    return split_sections(stdout, _MARK)[1]
 
 
 def parse_gpu_query(text: str) -> tuple[int | None, list[tuple[str, int | None]], str | None]:

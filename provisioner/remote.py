@@ -101,6 +101,21 @@ class Remote(Protocol):
 # ---------------------------------------------------------------- pure helpers
 
 
+def split_sections(stdout: str, mark: str) -> tuple[str, dict[str, str]]:
+    """A probe's output cut at its marker lines (``<mark><section name>``): (what came before the first marker,
+    {section name: its text}). The probes of verify and health print one marker per reading they take."""
+    head, sections, name = "", {}, None
+    for line in stdout.splitlines(keepends=True):
+        if line.startswith(mark):
+            name = line[len(mark):].strip()
+            sections[name] = ""
+        elif name is None:
+            head += line
+        else:
+            sections[name] += line
+    return head, sections
+
+
 def command_line(argv: Sequence[str], env: Mapping[str, str] | None = None, timeout: float | None = None) -> str:
     """The shell line for ``argv``: ``env K=V`` first, the remote ``timeout`` backstop, every word quoted.
 

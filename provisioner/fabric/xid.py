@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from provisioner.fabric import pcie
 from provisioner.fabric.findings import CheckResult, Finding
-from provisioner.remote import Completed
+from provisioner.remote import Completed, split_sections
 
 CHECK = "xid"
 MARK = "--- provisioner xid:"
@@ -93,16 +93,7 @@ def parse_xids(text: str) -> list[Xid]:
 
 def split_probe(stdout: str) -> tuple[str, dict[str, str]]:
     """The GPUDirect node probe's output: (what came before the first mark, i.e. lsmod; {section: text})."""
-    head, sections, name = "", {}, None
-    for line in stdout.splitlines(keepends=True):
-        if line.startswith(MARK):
-            name = line[len(MARK):].strip()
-            sections[name] = ""
-        elif name is None:
-            head += line
-        else:
-            sections[name] += line
-    return head, sections
+    return split_sections(stdout, MARK)
 
 
 def _bus(pci: str) -> str:
